@@ -1,0 +1,124 @@
+"""Vectorised 64-bit hashing primitives shared by shingling, MinHash and banding.
+
+Everything that shapes a stored value is pinned here, in integer arithmetic modulo 2**64,
+so results are identical on every machine, process and release (numpy wraps unsigned
+array arithmetic silently; no platform-dependent width or byte order is involved).
+
+* ``fmix64`` is the 64-bit finaliser of MurmurHash3 (Austin Appleby, public domain): a
+  bijection on 64-bit words with full avalanche.
+* ``derive_keys`` expands a user seed into any number of 64-bit constants with the
+  SplitMix64 generator (Steele, Lea and Flood 2014, constants as published by Vigna), in
+  separate named domains, so adding a new use of the seed never shifts an old one. We do
+  not use numpy's random generators: their streams are not promised to stay the same
+  across numpy releases.
+* ``span_hashes`` hashes many contiguous spans of one code array at once with a
+  polynomial over Z/2**64 computed from prefix sums, so the cost is a handful of array
+  operations whatever the span length (character windows, words, word k-grams).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+U64 = np.uint64
+MASK64 = (1 << 64) - 1
+
+_FMIX_C1 = U64(0xFF51AFD7ED558CCD)
+_FMIX_C2 = U64(0xC4CEB9FE1A85EC53)
+_S33 = U64(33)
+
+# Odd multiplier of the span polynomial (the 64-bit golden ratio) and its inverse mod 2**64.
+POLY_BASE = 0x9E3779B97F4A7C15
+_POLY_BASE_INV = pow(POLY_BASE, -1, 1 << 64)
+# Mixed into a span's hash with its length, so spans that differ only by trailing zero
+# codes still hash apart.
+_LENGTH_MULT = U64(0xD6E8FEB86659FD93)
+
+
+def fmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """MurmurHash3's 64-bit finaliser, applied elementwise (returns a new array)."""
+    x = x ^ (x >> _S33)
+    x *= _FMIX_C1
+    x ^= x >> _S33
+    x *= _FMIX_C2
+    x ^= x >> _S33
+    return x
+
+
+def _splitmix64(state: int, count: int) -> list[int]:
+    out = []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def derive_keys(seed: int, domain: str, count: int) -> npt.NDArray[np.uint64]:
+    """``count`` 64-bit constants for one named use (``domain``) of ``seed``.
+
+    The domain name is folded in with a fixed FNV-1a hash, so different domains give
+    independent-looking streams from the same seed.
+    """
+    tag = 0xCBF29CE484222325
+    for byte in domain.encode("ascii"):
+        tag = ((tag ^ byte) * 0x100000001B3) & MASK64
+    (start,) = _splitmix64(seed ^ tag, 1)
+    return np.array(_splitmix64(start, count), dtype=np.uint64)
+
+
+class _PowerTable:
+    """Cached powers ``POLY_BASE**j`` and ``POLY_BASE**-j`` (mod 2**64), grown on demand."""
+
+    def __init__(self) -> None:
+        self.forward = np.ones(1, dtype=np.uint64)
+        self.inverse = np.ones(1, dtype=np.uint64)
+
+    def ensure(self, length: int) -> None:
+        if length <= len(self.forward):
+            return
+        size = max(length, 2 * len(self.forward), 1 << 16)
+        self.forward = _powers(POLY_BASE, size)
+        self.inverse = _powers(_POLY_BASE_INV, size)
+
+
+def _powers(base: int, size: int) -> npt.NDArray[np.uint64]:
+    steps = np.full(size, base, dtype=np.uint64)
+    steps[0] = 1
+    return np.cumprod(steps, dtype=np.uint64)
+
+
+_POWERS = _PowerTable()
+
+
+def span_hashes(
+    codes: npt.NDArray[np.uint64],
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    key: np.uint64,
+) -> npt.NDArray[np.uint64]:
+    """Hash the spans ``codes[starts[i]:ends[i]]`` (each non-empty) to 64-bit values.
+
+    The raw value of a span is ``sum(codes[j] * B**(j - start))`` mod 2**64, obtained as a
+    difference of prefix sums rescaled by ``B**-start``; it depends only on the span's
+    content, not on where it sits. Its length and ``key`` are added and the result is
+    finalised with :func:`fmix64`.
+    """
+    n = len(codes)
+    _POWERS.ensure(n + 1)
+    prefix = np.empty(n + 1, dtype=np.uint64)
+    prefix[0] = 0
+    np.cumsum(codes * _POWERS.forward[:n], out=prefix[1:])
+    raw = prefix[ends] - prefix[starts]
+    raw *= _POWERS.inverse[starts]
+    raw += (ends - starts).astype(np.uint64) * _LENGTH_MULT
+    raw += key
+    return fmix64(raw)
+
+
+def high_bits_below(values: npt.NDArray[np.uint64], bound: int) -> npt.NDArray[np.int64]:
+    """Map 64-bit hashes to ``[0, bound)`` by their top 32 bits (multiply-shift: no modulo bias)."""
+    return (((values >> U64(32)) * U64(bound)) >> U64(32)).astype(np.int64)

@@ -1,0 +1,226 @@
+"""LSH banding (MMDS section 3.4): parameters, the S-curve, band keys, candidate pairs.
+
+A signature is cut into ``bands`` bands of ``rows`` values each (values past
+``bands * rows`` are ignored by banding but still used to verify candidates). Two
+documents of Jaccard similarity ``s`` agree on a whole band with probability ``s**rows``,
+so they become candidates with probability ``1 - (1 - s**rows)**bands``: the S-curve,
+whose steepest rise is near ``(1/bands)**(1/rows)``.
+
+:func:`choose_params` picks ``(bands, rows)`` for a threshold ``t`` by minimising a weighted
+sum of the false-positive area ``∫_0^t P(s) ds`` and the false-negative area
+``∫_t^1 (1 - P(s)) ds``, as datasketch does (Zhu 2016), but integrates exactly: ``P`` is a
+polynomial of degree ``bands * rows <= num_perm``, which Gauss–Legendre quadrature with
+``num_perm // 2 + 1`` nodes integrates without error (so no scipy is needed).
+
+A band key is a 64-bit seeded digest of (band index, the band's ``rows`` values); the whole
+batch's keys are computed at once. A collision of two different bands only adds a
+candidate, which verification against the signatures then rejects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidParameterError
+from .hashing import U64, derive_keys, fmix64
+
+_ROW_MULT = U64(0x9FB21C651E98DF25)
+
+
+def _check_threshold(threshold: float) -> float:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not (0.0 < float(threshold) < 1.0)
+    ):
+        raise InvalidParameterError("threshold", threshold, "a number strictly between 0 and 1")
+    return float(threshold)
+
+
+def s_curve(similarity: float | npt.ArrayLike, bands: int, rows: int) -> npt.NDArray[np.float64]:
+    """Probability ``1 - (1 - s**rows)**bands`` that a pair of similarity ``s`` is a candidate."""
+    s = np.asarray(similarity, dtype=np.float64)
+    return 1.0 - (1.0 - s**rows) ** bands
+
+
+@dataclass(frozen=True)
+class LSHParams:
+    """A banding: ``bands`` bands of ``rows`` rows.
+
+    Example:
+        >>> p = LSHParams(bands=20, rows=5)
+        >>> round(float(p.probability(0.8)), 5)
+        0.99964
+    """
+
+    bands: int
+    rows: int
+
+    def __post_init__(self) -> None:
+        for name in ("bands", "rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidParameterError(name, value, "an integer >= 1")
+
+    @property
+    def width(self) -> int:
+        """Signature values the bands use: ``bands * rows``."""
+        return self.bands * self.rows
+
+    @property
+    def approx_threshold(self) -> float:
+        """``(1/bands)**(1/rows)``: roughly where the S-curve rises most steeply."""
+        return float((1.0 / self.bands) ** (1.0 / self.rows))
+
+    def probability(self, similarity: float | npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """The S-curve at ``similarity``."""
+        return s_curve(similarity, self.bands, self.rows)
+
+    def false_positive_area(self, threshold: float) -> float:
+        """``∫_0^t P(s) ds``: candidate probability mass below the threshold."""
+        return float(
+            _areas(np.array([self.bands]), np.array([self.rows]), _check_threshold(threshold))[0][0]
+        )
+
+    def false_negative_area(self, threshold: float) -> float:
+        """``∫_t^1 (1 - P(s)) ds``: missed probability mass above the threshold."""
+        return float(
+            _areas(np.array([self.bands]), np.array([self.rows]), _check_threshold(threshold))[1][0]
+        )
+
+    def false_positive_rate(self, threshold: float) -> float:
+        """Mean candidate probability of a pair whose similarity is uniform on ``[0, t)``."""
+        return self.false_positive_area(threshold) / _check_threshold(threshold)
+
+    def false_negative_rate(self, threshold: float) -> float:
+        """Mean miss probability of a pair whose similarity is uniform on ``[t, 1]``."""
+        return self.false_negative_area(threshold) / (1.0 - _check_threshold(threshold))
+
+    def check_fits(self, num_perm: int) -> None:
+        """Raise :class:`InvalidParameterError` if the bands need more than ``num_perm`` values."""
+        if self.width > num_perm:
+            raise InvalidParameterError(
+                "bands*rows",
+                f"{self.bands}*{self.rows}={self.width}",
+                f"at most num_perm={num_perm}; use fewer bands or rows, or more num_perm",
+            )
+
+
+@lru_cache(maxsize=16)
+def _nodes(num_points: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    return np.polynomial.legendre.leggauss(num_points)
+
+
+def _areas(
+    bands: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], threshold: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Exact false-positive and false-negative areas for many (bands, rows) at once."""
+    degree = int((bands * rows).max())
+    x, w = _nodes(degree // 2 + 1)  # exact for polynomials of degree <= 2n - 1
+    low = threshold * (x + 1.0) / 2.0  # nodes mapped to [0, t]
+    high = threshold + (1.0 - threshold) * (x + 1.0) / 2.0  # and to [t, 1]
+    b, r = bands[:, None].astype(np.float64), rows[:, None].astype(np.float64)
+    fp = (1.0 - (1.0 - low[None, :] ** r) ** b) @ w * (threshold / 2.0)
+    fn = ((1.0 - high[None, :] ** r) ** b) @ w * ((1.0 - threshold) / 2.0)
+    return fp, fn
+
+
+def choose_params(
+    threshold: float,
+    num_perm: int = 128,
+    false_positive_weight: float = 0.5,
+    false_negative_weight: float = 0.5,
+    use_all: bool = False,
+) -> LSHParams:
+    """Choose ``(bands, rows)`` minimising the weighted false-positive and -negative areas.
+
+    Args:
+        threshold: Jaccard similarity that should count as a near-duplicate, in (0, 1).
+        num_perm: signature length; ``bands * rows`` never exceeds it.
+        false_positive_weight / false_negative_weight: relative cost of each error kind
+            (non-negative, not both zero). Raise the negative weight when missing a
+            duplicate costs more than verifying a few extra candidates.
+        use_all: only consider bandings with ``bands * rows == num_perm``.
+
+    Raises:
+        InvalidParameterError: an argument is out of range.
+    """
+    threshold = _check_threshold(threshold)
+    if isinstance(num_perm, bool) or not isinstance(num_perm, int) or num_perm < 1:
+        raise InvalidParameterError("num_perm", num_perm, "an integer >= 1")
+    for name, weight in (
+        ("false_positive_weight", false_positive_weight),
+        ("false_negative_weight", false_negative_weight),
+    ):
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight >= 0:
+            raise InvalidParameterError(name, weight, "a non-negative number")
+    if false_positive_weight + false_negative_weight <= 0:
+        raise InvalidParameterError(
+            "false_positive_weight+false_negative_weight", 0, "a positive sum"
+        )
+    pairs = [
+        (b, r)
+        for b in range(1, num_perm + 1)
+        for r in range(1, num_perm // b + 1)
+        if not use_all or b * r == num_perm
+    ]
+    bands = np.array([b for b, _ in pairs], dtype=np.int64)
+    rows = np.array([r for _, r in pairs], dtype=np.int64)
+    fp, fn = _areas(bands, rows, threshold)
+    error = false_positive_weight * fp + false_negative_weight * fn
+    best = int(np.argmin(error))  # first minimum: fewest bands among equals
+    return LSHParams(int(bands[best]), int(rows[best]))
+
+
+def band_keys(
+    signatures: npt.NDArray[np.uint32], params: LSHParams, seed: int = 1
+) -> npt.NDArray[np.uint64]:
+    """Band keys of a batch of signatures, shape ``(n, bands)``, dtype uint64.
+
+    Key ``[i, j]`` digests band ``j`` of signature ``i``: a start value derived from
+    ``(seed, j)``, folded with each row value, finalised with fmix64.
+    """
+    sigs = np.asarray(signatures)
+    if sigs.ndim == 1:
+        sigs = sigs[None, :]
+    if sigs.ndim != 2 or sigs.dtype != np.uint32:
+        raise InvalidParameterError(
+            "signatures",
+            f"{sigs.dtype} array of shape {sigs.shape}",
+            "uint32 of shape (n, num_perm)",
+        )
+    params.check_fits(sigs.shape[1])
+    bands = sigs[:, : params.width].reshape(len(sigs), params.bands, params.rows).astype(np.uint64)
+    keys = np.broadcast_to(derive_keys(seed, "band", params.bands), bands.shape[:2]).copy()
+    for row in range(params.rows):
+        keys += bands[:, :, row]
+        keys *= _ROW_MULT
+        keys ^= keys >> U64(29)
+    return fmix64(keys)
+
+
+def candidate_pairs(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """Every pair ``(i, j)``, ``i < j``, of rows of ``keys`` that share a key in some band.
+
+    Returns a ``(m, 2)`` array of unique pairs. All pairs within a bucket are produced,
+    so this is meant for in-memory batches; the store verifies candidates per query.
+    """
+    keys = np.asarray(keys)
+    n = len(keys)
+    found: list[npt.NDArray[np.int64]] = []
+    for band in range(keys.shape[1]):
+        order = np.argsort(keys[:, band], kind="stable")
+        sorted_keys = keys[order, band]
+        run_start = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+        run_len = np.diff(np.r_[run_start, n])
+        for start, length in zip(run_start[run_len > 1], run_len[run_len > 1], strict=True):
+            members = np.sort(order[start : start + length])
+            i, j = np.triu_indices(length, k=1)
+            found.append(np.stack([members[i], members[j]], axis=1))
+    if not found:
+        return np.empty((0, 2), dtype=np.int64)
+    return np.unique(np.concatenate(found).astype(np.int64), axis=0)

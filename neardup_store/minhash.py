@@ -1,0 +1,195 @@
+"""MinHash signatures (MMDS section 3.3), two schemes, vectorised over batches.
+
+A signature is ``num_perm`` uint32 values; two documents' signatures agree at a position
+with probability equal to the Jaccard similarity of their shingle sets.
+
+``kperm``: classic k-permutation MinHash (Broder 1997). Permutation ``i`` is the
+multiply-add-shift hash ``((a_i * x + b_i) mod 2**64) >> 32`` of the 64-bit shingle hash
+``x``, with ``a_i`` odd; this is a universal family (Dietzfelbinger 1996) whose arithmetic
+is exactly numpy's wrapping uint64 arithmetic, so no overflow can occur or be mishandled.
+The minimum is taken before the shift (the shift is monotone). Cost O(n · num_perm).
+
+``oph``: one-permutation hashing (Li, Owen and Zhang 2012) with optimal densification
+(Shrivastava 2017). One hash per shingle: its top 32 bits choose one of ``num_perm`` bins,
+its low 32 bits are the value, and each bin keeps its minimum. An empty bin ``j`` borrows
+the value of the first non-empty bin among ``g(j, 1), g(j, 2), ...`` for a seeded hash
+``g``; the probe sequence depends only on ``j``, so two documents probe the same bins and
+the estimate stays unbiased. Cost O(n + num_perm). It is the default: at equal accuracy it
+is far faster (see ``tools/bench_signatures.py``).
+
+A document with no shingles (only with ``allow_empty``) gets the empty signature: every
+value ``2**32 - 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidParameterError
+from .hashing import U64, derive_keys, fmix64, high_bits_below
+from .text import ShingleBatch, ShingleConfig, Shingler
+
+Scheme = Literal["oph", "kperm"]
+SCHEMES: tuple[str, ...] = ("oph", "kperm")
+EMPTY_VALUE = np.uint32(0xFFFFFFFF)
+MAX_NUM_PERM = 8192
+
+_KPERM_BLOCK_ROWS = 512  # shingles per block: keeps the block's work matrix in cache
+_EMPTY_BIN = U64(1 << 32)  # above every 32-bit value, marks a bin no shingle fell into
+
+
+@dataclass(frozen=True)
+class MinHashConfig:
+    """Everything that determines a signature. Two signatures are comparable only if
+    they were made with equal configurations.
+
+    Args:
+        num_perm: values per signature.
+        scheme: ``"oph"`` (default) or ``"kperm"``.
+        seed: 64-bit seed for every hash involved.
+        shingles: the :class:`~neardup_store.text.ShingleConfig`.
+    """
+
+    num_perm: int = 128
+    scheme: Scheme = "oph"
+    seed: int = 1
+    shingles: ShingleConfig = ShingleConfig()
+
+    def __post_init__(self) -> None:
+        n = self.num_perm
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NUM_PERM:
+            raise InvalidParameterError("num_perm", n, f"an integer in [1, {MAX_NUM_PERM}]")
+        if self.scheme not in SCHEMES:
+            raise InvalidParameterError("scheme", self.scheme, f"one of {', '.join(SCHEMES)}")
+        s = self.seed
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 1 << 64:
+            raise InvalidParameterError("seed", s, "an integer in [0, 2**64)")
+        if not isinstance(self.shingles, ShingleConfig):
+            raise InvalidParameterError("shingles", self.shingles, "a ShingleConfig")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, msgpack/JSON-friendly dict (what a store records)."""
+        return {
+            "num_perm": self.num_perm,
+            "scheme": self.scheme,
+            "seed": self.seed,
+            "shingles": self.shingles.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MinHashConfig:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            num_perm=data["num_perm"],
+            scheme=data["scheme"],
+            seed=data["seed"],
+            shingles=ShingleConfig.from_dict(data["shingles"]),
+        )
+
+
+class MinHasher:
+    """Computes signatures for one :class:`MinHashConfig`.
+
+    Example:
+        >>> hasher = MinHasher(MinHashConfig(num_perm=64))
+        >>> sigs = hasher.signatures(["the quick brown fox", "the quick brown dog"])
+        >>> sigs.shape, sigs.dtype.name
+        ((2, 64), 'uint32')
+    """
+
+    def __init__(self, config: MinHashConfig = MinHashConfig()) -> None:
+        self.config = config
+        self.shingler = Shingler(config.shingles, config.seed)
+        k = config.num_perm
+        if config.scheme == "kperm":
+            a, b = derive_keys(config.seed, "kperm-a", k), derive_keys(config.seed, "kperm-b", k)
+            self._mult = a | U64(1)
+            self._add = b
+        else:
+            self._probe_keys = derive_keys(config.seed, "oph-densify", k)
+
+    @property
+    def num_perm(self) -> int:
+        return self.config.num_perm
+
+    def signature(self, document: object, encoding: str | None = None) -> npt.NDArray[np.uint32]:
+        """Signature of one document, shape ``(num_perm,)``."""
+        return self.signatures([document], encoding)[0]
+
+    def signatures(
+        self, documents: Iterable[object], encoding: str | None = None
+    ) -> npt.NDArray[np.uint32]:
+        """Signatures of many documents at once, shape ``(len(documents), num_perm)``.
+
+        Raises:
+            InputTypeError: a document is not ``str`` (or bytes without ``encoding``).
+            TextDecodeError: bytes are invalid in ``encoding``.
+            EmptyDocumentError: a document has no shingles and empties are not allowed.
+        """
+        return self.signatures_from_hashes(self.shingler.hash_batch(documents, encoding))
+
+    def signatures_from_hashes(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
+        """Signatures from precomputed 64-bit shingle hashes (one row per document)."""
+        if self.config.scheme == "kperm":
+            return self._kperm(batch)
+        return self._oph(batch)
+
+    # -- k-permutation -----------------------------------------------------------------
+
+    def _kperm(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
+        k, n_docs = self.num_perm, len(batch)
+        best = np.full((n_docs, k), np.iinfo(np.uint64).max, dtype=np.uint64)
+        hashes, offsets = batch.hashes, batch.offsets
+        owners = np.repeat(np.arange(n_docs), np.diff(offsets))
+        work = np.empty((_KPERM_BLOCK_ROWS, k), dtype=np.uint64)
+        for lo in range(0, len(hashes), _KPERM_BLOCK_ROWS):
+            block = hashes[lo : lo + _KPERM_BLOCK_ROWS]
+            rows = work[: len(block)]
+            np.multiply(block[:, None], self._mult[None, :], out=rows)
+            rows += self._add
+            block_owners = owners[lo : lo + len(block)]
+            # Owners are sorted, so each document is one contiguous run of rows.
+            run_starts = np.flatnonzero(np.r_[True, block_owners[1:] != block_owners[:-1]])
+            docs = block_owners[run_starts]
+            best[docs] = np.minimum(best[docs], np.minimum.reduceat(rows, run_starts, axis=0))
+        return (best >> U64(32)).astype(np.uint32)
+
+    # -- one-permutation with optimal densification ----------------------------------------
+
+    def _oph(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
+        k, n_docs = self.num_perm, len(batch)
+        hashes, offsets = batch.hashes, batch.offsets
+        owners = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
+        bins = np.full(n_docs * k, _EMPTY_BIN, dtype=np.uint64)
+        np.minimum.at(bins, owners * k + high_bits_below(hashes, k), hashes & U64(0xFFFFFFFF))
+        signature = bins.copy()
+        self._densify(signature, bins, has_shingles=np.diff(offsets) > 0)
+        signature[signature == _EMPTY_BIN] = EMPTY_VALUE
+        return signature.astype(np.uint32).reshape(n_docs, k)
+
+    def _densify(
+        self,
+        signature: npt.NDArray[np.uint64],
+        bins: npt.NDArray[np.uint64],
+        has_shingles: npt.NDArray[np.bool_],
+    ) -> None:
+        """Fill each empty bin from the first non-empty bin on its probe sequence."""
+        k = self.num_perm
+        todo = np.flatnonzero(bins == _EMPTY_BIN)
+        todo = todo[has_shingles[todo // k]]
+        doc_base = todo - todo % k
+        probe_key = self._probe_keys[todo % k]
+        attempt = U64(0)
+        while len(todo):
+            attempt += U64(1)
+            source = doc_base + high_bits_below(fmix64(probe_key + attempt), k)
+            values = bins[source]
+            found = values != _EMPTY_BIN
+            signature[todo[found]] = values[found]
+            keep = ~found
+            todo, doc_base, probe_key = todo[keep], doc_base[keep], probe_key[keep]

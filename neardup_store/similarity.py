@@ -1,0 +1,79 @@
+"""Set and bag similarity, exact and estimated from signatures (MMDS sections 3.1 and 3.3).
+
+Bag (multiset) Jaccard has two definitions in use. MMDS 3.1.1 takes the union of bags as
+their *sum*, so the largest possible value is 1/2 ({a,a,a,b} and {a,a,b,b,c} have
+similarity 3/9 = 1/3). The other takes the element-wise *max*, so identical bags score 1
+(the same pair: 3/6 = 1/2). MinHash over labelled repeats (``ShingleConfig(bag=True)``)
+estimates the max-union value; :func:`sum_union_from_max_union` converts it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterable
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidParameterError
+
+
+def jaccard(a: Iterable[Hashable], b: Iterable[Hashable]) -> float:
+    """Exact Jaccard similarity ``|A ∩ B| / |A ∪ B|`` of two sets (two empty sets: 1.0)."""
+    set_a, set_b = set(a), set(b)
+    union = len(set_a | set_b)
+    return 1.0 if union == 0 else len(set_a & set_b) / union
+
+
+def bag_jaccard(
+    a: Iterable[Hashable], b: Iterable[Hashable], union: Literal["sum", "max"] = "sum"
+) -> float:
+    """Exact Jaccard similarity of two bags (multisets).
+
+    Args:
+        union: ``"sum"`` (MMDS: the union's size is ``|A| + |B|``, values in [0, 1/2]) or
+            ``"max"`` (element-wise maximum of counts, values in [0, 1]).
+    """
+    count_a, count_b = Counter(a), Counter(b)
+    common = sum((count_a & count_b).values())
+    if union == "sum":
+        total = sum(count_a.values()) + sum(count_b.values())
+    elif union == "max":
+        total = sum((count_a | count_b).values())
+    else:
+        raise InvalidParameterError("union", union, "'sum' or 'max'")
+    if total == 0:  # two empty bags are identical: the definition's maximum
+        return 1.0 if union == "max" else 0.5
+    return common / total
+
+
+def sum_union_from_max_union(similarity: float) -> float:
+    """Convert a max-union bag similarity ``J`` to the sum-union one: ``J / (1 + J)``."""
+    return similarity / (1.0 + similarity)
+
+
+def hashed_jaccard(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> float:
+    """Exact Jaccard of two arrays of shingle hashes taken as sets (vectorised)."""
+    set_a, set_b = np.unique(a), np.unique(b)
+    union = len(np.union1d(set_a, set_b))
+    return 1.0 if union == 0 else len(np.intersect1d(set_a, set_b, assume_unique=True)) / union
+
+
+def estimate_jaccard(
+    signature: npt.NDArray[np.uint32], others: npt.NDArray[np.uint32]
+) -> float | npt.NDArray[np.float64]:
+    """Fraction of positions where signatures agree: the MinHash estimate of Jaccard.
+
+    ``others`` may be one signature (returns a float) or a 2-D array of them (returns one
+    estimate per row).
+    """
+    signature, others = np.asarray(signature), np.asarray(others)
+    if signature.ndim != 1 or others.shape[-1] != signature.shape[0]:
+        raise InvalidParameterError(
+            "signature shapes",
+            (signature.shape, others.shape),
+            "a 1-D signature and signatures with the same num_perm",
+        )
+    agree = (others == signature).mean(axis=-1)
+    return float(agree) if others.ndim == 1 else agree

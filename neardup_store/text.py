@@ -1,0 +1,351 @@
+"""Text → normalised text → shingles → 64-bit shingle hashes.
+
+Shingling follows Leskovec, Rajaraman and Ullman, *Mining of Massive Datasets*, section
+3.2: a document is represented by the set (or bag) of its k-shingles. Three kinds:
+
+``char``
+    Every run of ``size`` consecutive characters. With about 20 likely characters, there
+    are roughly 20**k likely shingles; k must be large enough that any one shingle is
+    unlikely in a given document. MMDS suggests k=5 for short documents such as e-mails and
+    k=9 for long ones such as research articles; 5 is the default.
+``word``
+    Every run of ``size`` consecutive words. A word is a maximal run of non-white-space
+    characters (punctuation stays attached to its word).
+``stopword``
+    For news articles (MMDS 3.2.4, after Theobald et al.'s SpotSigs): a stop word followed
+    by the next ``size - 1`` words (default size 3: the stop word and the next two). Stop
+    words are matched in lower case, as written, or Capitalised, against
+    :data:`ENGLISH_STOP_WORDS`.
+
+A non-empty document that has fewer than ``size`` units (characters or words), or for
+``stopword`` no complete stop-word shingle, has exactly one shingle: all of its units. A
+document with no units at all raises :class:`EmptyDocumentError`, unless the
+configuration says ``allow_empty``: it then has no shingles and gets the empty signature.
+
+Sets are the default. With ``bag=True`` the i-th repetition (i ≥ 1) of a shingle in a
+document becomes its own element (the shingle labelled with i), so MinHash estimates the
+bag similarity ``sum(min counts) / sum(max counts)``. The first occurrence keeps the plain
+shingle hash, so a document without repetitions has the same elements in both modes.
+
+Hashing is vectorised over a whole batch of documents: texts are encoded as UTF-32 code
+points into one array and every shingle is a span hashed by
+:func:`neardup_store.hashing.span_hashes` (no Python call per shingle). Words are hashed
+as spans of characters, and word shingles as spans of word hashes. ``HASH_VERSION`` names
+this algorithm; any change to it must bump the number.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import sys
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, TextDecodeError
+from .hashing import derive_keys, fmix64, span_hashes
+
+HASH_VERSION = 1
+"""Version of the normalisation + shingle-hash algorithm; recorded with every signature."""
+
+ShingleKind = Literal["char", "word", "stopword"]
+SHINGLE_KINDS: tuple[str, ...] = ("char", "word", "stopword")
+_DEFAULT_SIZE = {"char": 5, "word": 3, "stopword": 3}
+
+ENGLISH_STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for
+    from further had has have having he her here hers herself him himself his how i if in
+    into is it its itself just me more most my myself no nor not now of off on once only or
+    other our ours ourselves out over own same she should so some such than that the their
+    theirs them themselves then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your
+    yours yourself yourselves
+    """.split()
+)
+"""A built-in list of common English function words, used by the ``stopword`` kind."""
+
+_WHITESPACE_RUN = re.compile(r"\s+")
+# Code points for which str.isspace() holds; the largest is U+3000.
+_IS_SPACE = np.array([chr(c).isspace() for c in range(0x3001)] + [False], dtype=bool)
+
+
+@dataclass(frozen=True)
+class ShingleConfig:
+    """How a document becomes shingles. Every field is part of a store's identity.
+
+    Args:
+        kind: ``"char"``, ``"word"`` or ``"stopword"``.
+        size: units per shingle; ``None`` picks the kind's default (5, 3, 3).
+        bag: count repeated shingles (bag semantics) instead of a set.
+        nfkc: apply Unicode NFKC normalisation.
+        casefold: apply ``str.casefold`` (aggressive lower-casing).
+        collapse_whitespace: turn every run of white space into one blank.
+        strip: remove leading and trailing white space.
+        allow_empty: give documents without shingles the empty signature instead of
+            raising :class:`EmptyDocumentError`.
+    """
+
+    kind: ShingleKind = "char"
+    size: int | None = None
+    bag: bool = False
+    nfkc: bool = True
+    casefold: bool = True
+    collapse_whitespace: bool = True
+    strip: bool = True
+    allow_empty: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in SHINGLE_KINDS:
+            raise InvalidParameterError("kind", self.kind, f"one of {', '.join(SHINGLE_KINDS)}")
+        if self.size is None:
+            object.__setattr__(self, "size", _DEFAULT_SIZE[self.kind])
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise InvalidParameterError("size", self.size, "an integer >= 1")
+        if self.kind == "stopword" and self.size < 2:
+            raise InvalidParameterError("size", self.size, "an integer >= 2 for stop-word shingles")
+        for flag in ("bag", "nfkc", "casefold", "collapse_whitespace", "strip", "allow_empty"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidParameterError(flag, getattr(self, flag), "True or False")
+
+    @property
+    def shingle_size(self) -> int:
+        """The resolved size (never ``None``)."""
+        assert self.size is not None
+        return self.size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for storing in a store's metadata, with the algorithm version."""
+        return {**asdict(self), "hash_version": HASH_VERSION}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShingleConfig:
+        """Inverse of :meth:`to_dict`; rejects a different ``hash_version``."""
+        data = dict(data)
+        version = data.pop("hash_version", HASH_VERSION)
+        if version != HASH_VERSION:
+            raise InvalidParameterError(
+                "hash_version", version, f"{HASH_VERSION} (this release's shingle hashing)"
+            )
+        return cls(**data)
+
+
+def normalize(text: str, config: ShingleConfig = ShingleConfig()) -> str:
+    """Apply the configured normalisation steps, in order: NFKC, casefold, collapse, strip."""
+    if config.nfkc:
+        text = unicodedata.normalize("NFKC", text)
+    if config.casefold:
+        text = text.casefold()
+    if config.collapse_whitespace and config.strip:
+        return " ".join(text.split())
+    if config.collapse_whitespace:
+        text = _WHITESPACE_RUN.sub(" ", text)
+    if config.strip:
+        text = text.strip()
+    return text
+
+
+def as_text(document: object, encoding: str | None = None, index: int | None = None) -> str:
+    """Return ``document`` as ``str``: bytes only with an explicit ``encoding``."""
+    if isinstance(document, str):
+        return document
+    if isinstance(document, (bytes, bytearray, memoryview)) and encoding is not None:
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise InvalidParameterError(
+                "encoding", encoding, "a codec name such as 'utf-8'"
+            ) from None
+        try:
+            return bytes(document).decode(encoding)
+        except UnicodeDecodeError as err:
+            raise TextDecodeError(encoding, str(err), index) from err
+    raise InputTypeError(document, index)
+
+
+def _units(text: str, config: ShingleConfig) -> list[str]:
+    if config.kind == "char":
+        return list(text)
+    return text.split()
+
+
+def shingle_strings(text: str, config: ShingleConfig = ShingleConfig()) -> list[str]:
+    """The shingles of one document as strings, in order, with repeats (for inspection).
+
+    This is the readable twin of :func:`shingle_hashes` and follows the same rules; word
+    shingles are joined with one blank. It runs in Python, so it is not for bulk work.
+    """
+    norm = normalize(as_text(text), config)
+    units = _units(norm, config)
+    if not units:
+        if config.allow_empty:
+            return []
+        raise EmptyDocumentError()
+    joiner = "" if config.kind == "char" else " "
+    k = config.shingle_size
+    if config.kind == "stopword":
+        starts = [i for i in range(len(units) - k + 1) if _is_stop_word(units[i])]
+    else:
+        starts = list(range(len(units) - k + 1))
+    if not starts:
+        return [joiner.join(units)]
+    return [joiner.join(units[i : i + k]) for i in starts]
+
+
+def _is_stop_word(word: str) -> bool:
+    return word in _STOP_FORMS
+
+
+_STOP_FORMS = frozenset(form for w in ENGLISH_STOP_WORDS for form in (w, w.capitalize(), w.upper()))
+
+
+@dataclass(frozen=True)
+class ShingleBatch:
+    """Shingle hashes of a batch: document ``i`` owns ``hashes[offsets[i]:offsets[i + 1]]``."""
+
+    hashes: npt.NDArray[np.uint64]
+    offsets: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def document(self, index: int) -> npt.NDArray[np.uint64]:
+        """The shingle hashes of one document."""
+        return self.hashes[self.offsets[index] : self.offsets[index + 1]]
+
+
+class Shingler:
+    """Turns documents into 64-bit shingle hashes for one configuration and seed."""
+
+    def __init__(self, config: ShingleConfig = ShingleConfig(), seed: int = 1) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+            raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
+        self.config = config
+        self.seed = seed
+        self._word_key, self._shingle_key, self._bag_key = derive_keys(seed, "shingle", 3)
+        if config.kind == "stopword":
+            self._stop_hashes = np.unique(self._hash_words(list(_STOP_FORMS)))
+
+    def hash_batch(self, documents: Iterable[object], encoding: str | None = None) -> ShingleBatch:
+        """Shingle hashes of many documents at once (sets, or labelled bags)."""
+        texts = [
+            normalize(as_text(doc, encoding, index), self.config)
+            for index, doc in enumerate(documents)
+        ]
+        lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+        codes = _code_points("".join(texts))
+        doc_starts = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=doc_starts[1:])
+        if self.config.kind == "char":
+            unit_codes, unit_bounds = codes, doc_starts
+        else:
+            unit_codes, unit_bounds = self._words(codes, doc_starts)
+        counts = np.diff(unit_bounds)
+        empty = np.flatnonzero(counts == 0)
+        if len(empty) and not self.config.allow_empty:
+            raise EmptyDocumentError(int(empty[0]))
+        starts, ends, owners = self._shingle_spans(unit_codes, unit_bounds)
+        hashes = span_hashes(unit_codes, starts, ends, self._shingle_key)
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(owners, minlength=len(texts)), out=offsets[1:])
+        if self.config.bag:
+            hashes = _label_repeats(hashes, owners, self._bag_key)
+        return ShingleBatch(hashes, offsets)
+
+    def hash_document(
+        self, document: object, encoding: str | None = None
+    ) -> npt.NDArray[np.uint64]:
+        """Shingle hashes of one document."""
+        return self.hash_batch([document], encoding).hashes
+
+    # -- internals -------------------------------------------------------------------
+
+    def _hash_words(self, words: Sequence[str]) -> npt.NDArray[np.uint64]:
+        codes = _code_points("".join(words))
+        bounds = np.zeros(len(words) + 1, dtype=np.int64)
+        np.cumsum([len(w) for w in words], out=bounds[1:])
+        return span_hashes(codes, bounds[:-1], bounds[1:], self._word_key)
+
+    def _words(
+        self, codes: npt.NDArray[np.uint64], doc_starts: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        """Word hashes of the whole batch and the word index where each document starts."""
+        space = _IS_SPACE[np.minimum(codes, len(_IS_SPACE) - 1)]
+        boundary = np.zeros(len(codes) + 1, dtype=bool)
+        boundary[doc_starts] = True
+        before_space = np.ones(len(codes), dtype=bool)  # previous char is a space or a doc start
+        before_space[1:] = space[:-1]
+        before_space |= boundary[:-1]
+        after_space = np.ones(len(codes), dtype=bool)
+        after_space[:-1] = space[1:]
+        after_space |= boundary[1:]
+        word_starts = np.flatnonzero(~space & before_space)
+        word_ends = np.flatnonzero(~space & after_space) + 1
+        words = span_hashes(codes, word_starts, word_ends, self._word_key)
+        return words, np.searchsorted(word_starts, doc_starts).astype(np.int64)
+
+    def _shingle_spans(
+        self, units: npt.NDArray[np.uint64], bounds: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Start, end and owning document of every shingle span over ``units``."""
+        k = self.config.shingle_size
+        counts = np.diff(bounds)
+        doc_ends = bounds[1:]
+        if self.config.kind == "stopword":
+            is_stop = np.isin(units, self._stop_hashes)
+            owner_of_unit = np.repeat(np.arange(len(counts)), counts)
+            starts = np.flatnonzero(is_stop)
+            starts = starts[starts + k <= doc_ends[owner_of_unit[starts]]]
+            owners = owner_of_unit[starts]
+            spans_per_doc = np.bincount(owners, minlength=len(counts))
+            fallback = np.flatnonzero((spans_per_doc == 0) & (counts > 0))
+            # A document without a complete stop-word shingle is one shingle: all its words.
+            starts = np.concatenate([starts, bounds[fallback]])
+            ends = np.concatenate([starts[: len(owners)] + k, doc_ends[fallback]])
+            owners = np.concatenate([owners, fallback])
+            order = np.argsort(owners, kind="stable")
+            return starts[order], ends[order], owners[order]
+        spans_per_doc = np.where(counts > 0, np.maximum(counts - k + 1, 1), 0)
+        owners = np.repeat(np.arange(len(counts)), spans_per_doc)
+        first_span = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(spans_per_doc[:-1], out=first_span[1:])
+        starts = bounds[owners] + (np.arange(len(owners)) - first_span[owners])
+        ends = np.minimum(starts + k, doc_ends[owners])
+        return starts, ends, owners
+
+
+def _code_points(text: str) -> npt.NDArray[np.uint64]:
+    # surrogatepass: a lone surrogate is one code unit like any other character, so
+    # len(text) always equals the number of codes.
+    raw = text.encode("utf-32-le", "surrogatepass")
+    return np.frombuffer(raw, dtype="<u4").astype(np.uint64)
+
+
+def _label_repeats(
+    hashes: npt.NDArray[np.uint64], owners: npt.NDArray[np.int64], key: np.uint64
+) -> npt.NDArray[np.uint64]:
+    """Bag semantics: the i-th repeat of a hash within a document becomes its own element."""
+    order = np.lexsort((hashes, owners))
+    sorted_hashes = hashes[order]
+    sorted_owners = owners[order]
+    new_run = np.ones(len(order), dtype=bool)
+    new_run[1:] = (sorted_hashes[1:] != sorted_hashes[:-1]) | (
+        sorted_owners[1:] != sorted_owners[:-1]
+    )
+    run_start = np.maximum.accumulate(np.where(new_run, np.arange(len(order)), 0))
+    repeat = (np.arange(len(order)) - run_start).astype(np.uint64)
+    labelled = np.where(repeat == 0, sorted_hashes, fmix64(sorted_hashes ^ fmix64(repeat + key)))
+    return labelled
+
+
+def unicode_version() -> str:
+    """The Unicode database behind NFKC and casefold in this interpreter."""
+    return (
+        f"{unicodedata.unidata_version} (Python {sys.version_info.major}.{sys.version_info.minor})"
+    )

@@ -1,0 +1,74 @@
+"""Candidate verification, connected components, and the demo corpus they run on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neardup_store import Shingler, hashed_jaccard
+from neardup_store.clusters import connected_components, duplicate_groups, verified_pairs
+from neardup_store.demo import make_corpus, run_demo
+from neardup_store.lsh import LSHParams
+from neardup_store.minhash import MinHashConfig, MinHasher
+
+
+def test_connected_components_of_chains_and_singletons() -> None:
+    pairs = np.array([[5, 6], [1, 2], [2, 3], [6, 0]], dtype=np.int64)
+    assert connected_components(8, pairs).tolist() == [0, 1, 1, 1, 4, 0, 0, 7]
+    assert connected_components(3, np.empty((0, 2), dtype=np.int64)).tolist() == [0, 1, 2]
+
+
+def test_long_chain_converges() -> None:
+    n = 1000
+    chain = np.stack([np.arange(n - 1), np.arange(1, n)], axis=1)[::-1].copy()
+    assert (connected_components(n, chain) == 0).all()
+
+
+def test_demo_corpus_is_deterministic_and_planted() -> None:
+    first, again = make_corpus(120, 10, seed=3), make_corpus(120, 10, seed=3)
+    assert first == again
+    assert make_corpus(120, 10, seed=4).documents != first.documents
+    assert len(first.documents) >= 120 and len(first.planted) == 10
+    assert all(2 <= len(group) <= 4 for group in first.planted)
+
+
+def test_near_dup_corpus_pairs_are_grouped(near_dup_corpus: dict[str, str]) -> None:
+    keys = list(near_dup_corpus)
+    sigs = MinHasher(MinHashConfig(num_perm=256)).signatures(near_dup_corpus.values())
+    groups = duplicate_groups(sigs, LSHParams(bands=64, rows=4), threshold=0.5)
+    assert [[keys[i] for i in g] for g in groups] == [
+        ["storm-a", "storm-b"],
+        ["recipe-a", "recipe-b"],
+    ]
+
+
+@pytest.mark.parametrize("scheme", ["oph", "kperm"])
+def test_demo_finds_planted_pairs_and_only_near_duplicates(scheme: str) -> None:
+    """Recall over planted pairs clearly above the threshold, and every reported pair is
+    truly similar (exact Jaccard of the shingle sets)."""
+    corpus = make_corpus(400, 40, seed=7)
+    keys = list(corpus.documents)
+    texts = list(corpus.documents.values())
+    config = MinHashConfig(scheme=scheme)  # type: ignore[arg-type]
+    sigs = MinHasher(config).signatures(texts)
+    threshold = 0.7
+    pairs, _ = verified_pairs(sigs, LSHParams(14, 9), threshold)
+    shingles = Shingler().hash_batch(texts)
+    exact = {
+        (int(i), int(j)): hashed_jaccard(shingles.document(i), shingles.document(j))
+        for i, j in pairs
+    }
+    assert all(value > threshold - 0.12 for value in exact.values())
+    index = {key: i for i, key in enumerate(keys)}
+    planted_pairs = [
+        (index[a], index[b]) for group in corpus.planted for a in group for b in group if a < b
+    ]
+    clear = [
+        p
+        for p in planted_pairs
+        if hashed_jaccard(shingles.document(p[0]), shingles.document(p[1])) > threshold + 0.1
+    ]
+    found = sum(p in exact for p in clear)
+    assert found / len(clear) >= 0.95
+    result = run_demo(config=config)
+    assert result.exact_matches >= 0.85 * len(result.planted)

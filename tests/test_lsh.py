@@ -1,0 +1,161 @@
+"""LSH banding (MMDS section 3.4): S-curve, parameter choice, band keys, candidates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import set_pair_batch
+
+from neardup_store.errors import InvalidParameterError
+from neardup_store.lsh import LSHParams, band_keys, candidate_pairs, choose_params, s_curve
+from neardup_store.minhash import MinHashConfig, MinHasher
+
+# MMDS Figure 3.8: values of the S-curve for b = 20 and r = 5 (rounded as printed there).
+MMDS_B20_R5 = {0.2: 0.006, 0.3: 0.047, 0.4: 0.186, 0.5: 0.470, 0.6: 0.802, 0.7: 0.975, 0.8: 0.9996}
+
+
+@pytest.mark.parametrize(("s", "expected"), sorted(MMDS_B20_R5.items()))
+def test_s_curve_for_20_bands_of_5_rows(s: float, expected: float) -> None:
+    digits = len(str(expected)) - 2
+    assert round(float(s_curve(s, bands=20, rows=5)), digits) == expected
+
+
+def test_mmds_worked_figures_at_08_and_04() -> None:
+    # MMDS Example 3.11: at s = 0.8 a band agrees with probability 0.328 and about one
+    # pair in 3000 is missed; at s = 0.4 roughly 19% of pairs still become candidates.
+    assert pytest.approx(0.32768) == 0.8**5
+    assert 1 - float(s_curve(0.8, 20, 5)) == pytest.approx(1 / 2800, rel=0.05)
+    assert float(s_curve(0.4, 20, 5)) == pytest.approx(0.186, abs=5e-4)
+
+
+def test_table_for_5_bands_of_7_rows() -> None:
+    expected = {0.1: 0.0000, 0.2: 0.0001, 0.3: 0.0011, 0.4: 0.0082, 0.5: 0.0385,
+                0.6: 0.1323, 0.7: 0.3493, 0.8: 0.6917, 0.9: 0.9614}  # fmt: skip
+    params = LSHParams(bands=5, rows=7)
+    for s, value in expected.items():
+        assert round(float(params.probability(s)), 4) == value
+    assert params.approx_threshold == pytest.approx(0.7946, abs=1e-4)  # (1/5)**(1/7)
+
+
+def test_s_curve_is_vectorised_and_monotone() -> None:
+    s = np.linspace(0, 1, 101)
+    p = s_curve(s, 9, 13)
+    assert p.shape == (101,) and p[0] == 0.0 and p[-1] == 1.0
+    assert (np.diff(p) >= 0).all()
+
+
+def _brute_force_error(t: float, b: int, r: int) -> float:
+    """Independent check: trapezoid rule on a very fine grid."""
+    lo, hi = np.linspace(0, t, 20001), np.linspace(t, 1, 20001)
+    return 0.5 * np.trapezoid(s_curve(lo, b, r), lo) + 0.5 * np.trapezoid(1 - s_curve(hi, b, r), hi)
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.7, 0.8, 0.9])
+@pytest.mark.parametrize("num_perm", [64, 128, 200])
+def test_choose_params_minimises_the_weighted_error(threshold: float, num_perm: int) -> None:
+    params = choose_params(threshold, num_perm)
+    assert params.width <= num_perm
+    chosen = _brute_force_error(threshold, params.bands, params.rows)
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            assert chosen <= _brute_force_error(threshold, b, r) + 1e-9
+
+
+def test_exact_areas_match_numeric_integration() -> None:
+    params = LSHParams(9, 13)
+    lo, hi = np.linspace(0, 0.8, 40001), np.linspace(0.8, 1, 40001)
+    assert params.false_positive_area(0.8) == pytest.approx(
+        np.trapezoid(params.probability(lo), lo), rel=1e-6
+    )
+    assert params.false_negative_area(0.8) == pytest.approx(
+        np.trapezoid(1 - params.probability(hi), hi), rel=1e-6
+    )
+    assert params.false_positive_rate(0.8) == pytest.approx(params.false_positive_area(0.8) / 0.8)
+
+
+def test_use_all_uses_every_signature_value() -> None:
+    for t in (0.5, 0.8, 0.9):
+        params = choose_params(t, 128, use_all=True)
+        assert params.width == 128
+
+
+def test_weights_move_the_curve() -> None:
+    fewer_misses = choose_params(0.8, 128, false_positive_weight=0.1, false_negative_weight=0.9)
+    fewer_false = choose_params(0.8, 128, false_positive_weight=0.9, false_negative_weight=0.1)
+    balanced = choose_params(0.8, 128)
+    assert fewer_misses.approx_threshold < balanced.approx_threshold < fewer_false.approx_threshold
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 1.5, -0.2, "0.8", True, float("nan")])
+def test_threshold_outside_open_unit_interval_is_rejected(threshold: object) -> None:
+    with pytest.raises(InvalidParameterError, match=r"threshold.*strictly between 0 and 1"):
+        choose_params(threshold)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_perm": 0},
+        {"num_perm": 2.5},
+        {"false_positive_weight": -1},
+        {"false_positive_weight": 0, "false_negative_weight": 0},
+    ],
+)
+def test_invalid_choose_params_arguments(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidParameterError):
+        choose_params(0.8, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("bands", "rows"), [(0, 5), (5, 0), (-1, 2), (2.0, 3)])
+def test_invalid_banding(bands: object, rows: object) -> None:
+    with pytest.raises(InvalidParameterError):
+        LSHParams(bands, rows)  # type: ignore[arg-type]
+
+
+def test_bands_times_rows_over_num_perm_is_rejected() -> None:
+    sigs = MinHasher(MinHashConfig(num_perm=64)).signatures(["some text here"])
+    with pytest.raises(InvalidParameterError, match="at most num_perm=64"):
+        band_keys(sigs, LSHParams(bands=10, rows=7))
+    with pytest.raises(InvalidParameterError, match="uint32"):
+        band_keys(sigs.astype(np.int64), LSHParams(bands=4, rows=4))
+
+
+def test_band_keys_digest_band_index_and_values() -> None:
+    rng = np.random.default_rng(0)
+    sigs = rng.integers(0, 2**32, size=(3, 20), dtype=np.uint32)
+    sigs[1] = sigs[0]
+    sigs[1, 7] ^= 1  # differs from row 0 in band 1 only (rows 5..9)
+    sigs[2] = np.tile(sigs[0, :5], 4)  # the same five values in every band
+    params = LSHParams(bands=4, rows=5)
+    keys = band_keys(sigs, params)
+    assert keys.shape == (3, 4) and keys.dtype == np.uint64
+    assert (keys[0] == keys[1]).tolist() == [True, False, True, True]
+    assert len(np.unique(keys[2])) == 4  # the band index is part of the digest
+    assert np.array_equal(band_keys(sigs[0], params)[0], keys[0])
+    assert not np.intersect1d(band_keys(sigs, params, seed=2), keys).size
+    # The values past bands * rows are not part of any band.
+    longer = np.concatenate([sigs, rng.integers(0, 2**32, (3, 4), dtype=np.uint32)], axis=1)
+    assert np.array_equal(band_keys(longer, params), keys)
+
+
+def test_candidate_pairs_from_shared_keys() -> None:
+    keys = np.array([[1, 10], [2, 10], [1, 30], [4, 40], [5, 10]], dtype=np.uint64)
+    pairs = candidate_pairs(keys)
+    assert pairs.tolist() == [[0, 1], [0, 2], [0, 4], [1, 4]]
+    assert candidate_pairs(np.arange(6, dtype=np.uint64).reshape(3, 2)).shape == (0, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["oph", "kperm"])
+def test_candidate_rate_follows_the_s_curve(scheme: str) -> None:
+    """Pairs of known similarity become candidates at the rate the S-curve predicts."""
+    params = LSHParams(bands=20, rows=5)
+    hasher = MinHasher(MinHashConfig(num_perm=100, scheme=scheme))  # type: ignore[arg-type]
+    pairs = 600
+    for index, s in enumerate((0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)):
+        batch = set_pair_batch(np.full(pairs, s), 500, seed=100 + index)
+        keys = band_keys(hasher.signatures_from_hashes(batch), params)
+        rate = (keys[0::2] == keys[1::2]).any(axis=1).mean()
+        expected = float(params.probability(s))
+        tolerance = 4 * np.sqrt(expected * (1 - expected) / pairs) + 0.01
+        assert abs(rate - expected) < tolerance, (s, rate, expected)

@@ -1,0 +1,48 @@
+"""Exact and estimated similarity of sets and bags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import neardup_store as nd
+
+
+def test_set_jaccard() -> None:
+    # MMDS Figure 3.1: |S ∩ T| = 3, |S ∪ T| = 8.
+    assert nd.jaccard("abcdef", "cdeghi") == pytest.approx(3 / 9)
+    assert nd.jaccard({1, 2, 3, 4, 5}, {3, 4, 5, 6, 7, 8, 9, 10}) == pytest.approx(3 / 10)
+    assert nd.jaccard(set(), set()) == 1.0
+    assert nd.jaccard({1}, {2}) == 0.0
+
+
+def test_bag_similarity_mmds_example() -> None:
+    # MMDS Example 3.2: {a,a,a,b} and {a,a,b,b,c} have bag similarity 1/3 (sum union).
+    a, b = ["a", "a", "a", "b"], ["a", "a", "b", "b", "c"]
+    assert nd.bag_jaccard(a, b) == pytest.approx(1 / 3)
+    assert nd.bag_jaccard(a, b, union="max") == pytest.approx(1 / 2)
+    assert nd.sum_union_from_max_union(0.5) == pytest.approx(1 / 3)
+
+
+def test_bag_similarity_maxima() -> None:
+    bag = ["x", "x", "y"]
+    assert nd.bag_jaccard(bag, bag) == 0.5
+    assert nd.bag_jaccard(bag, bag, union="max") == 1.0
+    assert nd.bag_jaccard([], []) == 0.5 and nd.bag_jaccard([], [], union="max") == 1.0
+    with pytest.raises(nd.InvalidParameterError, match="union"):
+        nd.bag_jaccard(bag, bag, union="min")  # type: ignore[arg-type]
+
+
+def test_hashed_jaccard_treats_arrays_as_sets() -> None:
+    a = np.array([1, 2, 2, 3], dtype=np.uint64)
+    b = np.array([3, 4, 2], dtype=np.uint64)
+    assert nd.hashed_jaccard(a, b) == pytest.approx(2 / 4)
+
+
+def test_estimate_jaccard_one_and_many() -> None:
+    sig = np.array([1, 2, 3, 4], dtype=np.uint32)
+    others = np.array([[1, 2, 3, 4], [1, 0, 3, 0], [9, 9, 9, 9]], dtype=np.uint32)
+    assert nd.estimate_jaccard(sig, others[1]) == 0.5
+    assert nd.estimate_jaccard(sig, others).tolist() == [1.0, 0.5, 0.0]
+    with pytest.raises(nd.InvalidParameterError, match="same num_perm"):
+        nd.estimate_jaccard(sig, np.zeros(5, dtype=np.uint32))

@@ -1,0 +1,250 @@
+"""Normalisation, shingling and shingle hashing (MMDS section 3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import neardup_store as nd
+from neardup_store.errors import (
+    EmptyDocumentError,
+    InputTypeError,
+    InvalidParameterError,
+    NeardupError,
+    TextDecodeError,
+)
+from neardup_store.text import ShingleConfig, Shingler, normalize, shingle_strings
+
+
+@pytest.mark.parametrize(
+    ("switched_off", "raw", "expected"),
+    [
+        ((), "ﬁne Ｔｅｘｔ  Straße\t\n", "fine text strasse"),
+        (("nfkc",), "Ｔｅｘｔ ①", "ｔｅｘｔ ①"),
+        (("casefold",), "Straße MAIL", "Straße MAIL"),
+        (("collapse_whitespace",), " a \t\n b  c ", "a \t\n b  c"),
+        (("strip",), "  padded  ", " padded "),
+        (("collapse_whitespace", "strip"), "  a  b ", "  a  b "),
+    ],
+)
+def test_each_normalisation_step_is_switchable(
+    switched_off: tuple[str, ...], raw: str, expected: str
+) -> None:
+    config = ShingleConfig(**{flag: False for flag in switched_off})
+    assert normalize(raw, config) == expected
+
+
+def test_collapse_without_strip_keeps_one_blank_at_the_ends() -> None:
+    config = ShingleConfig(strip=False)
+    assert normalize("\n\n  two  words \t", config) == " two words "
+
+
+def test_normalisation_is_recorded_in_the_configuration() -> None:
+    data = ShingleConfig(casefold=False, bag=True).to_dict()
+    assert data["casefold"] is False and data["bag"] is True
+    assert data["hash_version"] == nd.HASH_VERSION
+    assert ShingleConfig.from_dict(data) == ShingleConfig(casefold=False, bag=True)
+    with pytest.raises(InvalidParameterError, match="hash_version"):
+        ShingleConfig.from_dict({**data, "hash_version": 999})
+
+
+def test_two_shingles_of_abcdabd_mmds_example() -> None:
+    # MMDS Example 3.3: the 2-shingles of abcdabd are {ab, bc, cd, da, bd}; ab repeats.
+    config = ShingleConfig(size=2)
+    assert shingle_strings("abcdabd", config) == ["ab", "bc", "cd", "da", "ab", "bd"]
+    assert set(shingle_strings("abcdabd", config)) == {"ab", "bc", "cd", "da", "bd"}
+    hashes = Shingler(config).hash_document("abcdabd")
+    assert len(hashes) == 6 and len(np.unique(hashes)) == 5
+    bag = Shingler(ShingleConfig(size=2, bag=True)).hash_document("abcdabd")
+    assert len(np.unique(bag)) == 6  # the second "ab" is its own labelled element
+
+
+def test_default_char_shingle_size_is_five() -> None:
+    assert ShingleConfig().shingle_size == 5
+    assert ShingleConfig(kind="word").shingle_size == 3
+
+
+def test_document_shorter_than_k_is_one_shingle() -> None:
+    assert shingle_strings("abc") == ["abc"]
+    assert len(Shingler().hash_document("abc")) == 1
+    word = ShingleConfig(kind="word", size=4)
+    assert shingle_strings("just two", word) == ["just two"]
+    assert len(Shingler(word).hash_document("just two")) == 1
+
+
+def test_word_shingles() -> None:
+    config = ShingleConfig(kind="word", size=2)
+    assert shingle_strings("A rose is a rose", config) == ["a rose", "rose is", "is a", "a rose"]
+    hashes = Shingler(config).hash_document("A rose is a rose")
+    assert len(hashes) == 4 and len(np.unique(hashes)) == 3
+
+
+def test_stop_word_shingles_are_a_stop_word_and_the_next_two_words() -> None:
+    config = ShingleConfig(kind="stopword")
+    text = "A spokesperson for the Sudzo Corporation revealed today that studies have shown"
+    assert (
+        shingle_strings(text, config)
+        == [
+            "a spokesperson for",
+            "for the sudzo",
+            "the sudzo corporation",
+            "that studies have",
+            "have shown",
+        ][:4]
+    )
+    assert len(Shingler(config).hash_document(text)) == 4
+
+
+def test_stop_words_match_capitalised_when_case_is_kept() -> None:
+    config = ShingleConfig(kind="stopword", casefold=False)
+    assert shingle_strings("The Cat sat", config) == ["The Cat sat"]
+    assert "the" in nd.ENGLISH_STOP_WORDS and "cat" not in nd.ENGLISH_STOP_WORDS
+
+
+def test_text_without_stop_word_shingle_is_one_shingle_of_all_words() -> None:
+    config = ShingleConfig(kind="stopword")
+    assert shingle_strings("quick brown foxes jump", config) == ["quick brown foxes jump"]
+    assert shingle_strings("dogs bark at", config) == ["dogs bark at"]  # "at" lacks two words
+    assert len(Shingler(config).hash_document("quick brown foxes jump")) == 1
+
+
+@pytest.mark.parametrize("kind", ["char", "word", "stopword"])
+@pytest.mark.parametrize("document", ["", "   ", "\n\t \u3000"])
+def test_empty_document_raises_typed_error(kind: str, document: str) -> None:
+    config = ShingleConfig(kind=kind)  # type: ignore[arg-type]
+    with pytest.raises(EmptyDocumentError, match="empty after normalisation") as info:
+        Shingler(config).hash_document(document)
+    assert isinstance(info.value, NeardupError) and isinstance(info.value, ValueError)
+
+
+def test_empty_error_names_the_document_in_a_batch() -> None:
+    with pytest.raises(EmptyDocumentError, match="document #2") as info:
+        Shingler().hash_batch(["first text", "second text", " ", "fourth"])
+    assert info.value.index == 2
+
+
+def test_allow_empty_gives_no_shingles() -> None:
+    batch = Shingler(ShingleConfig(allow_empty=True)).hash_batch(["abcdef", "", "xyz"])
+    assert list(np.diff(batch.offsets)) == [2, 0, 1]
+    assert shingle_strings("", ShingleConfig(allow_empty=True)) == []
+
+
+def test_whitespace_only_document_without_strip_has_char_shingles() -> None:
+    config = ShingleConfig(strip=False)
+    assert shingle_strings("   ", config) == [" "]
+    with pytest.raises(EmptyDocumentError):
+        Shingler(ShingleConfig(kind="word", strip=False)).hash_document("   ")
+
+
+@pytest.mark.parametrize("value", [b"bytes text", bytearray(b"bytes"), None, 42, ["a", "b"]])
+def test_non_text_is_rejected_with_a_typed_error(value: object) -> None:
+    with pytest.raises(InputTypeError, match="expected a str document") as info:
+        Shingler().hash_document(value)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, NeardupError)
+    if isinstance(value, (bytes, bytearray)):
+        assert "encoding=" in str(info.value)
+
+
+def test_bytes_with_an_explicit_encoding_are_decoded() -> None:
+    text = "Grüße aus Köln"
+    shingler = Shingler()
+    expected = shingler.hash_document(text)
+    assert np.array_equal(shingler.hash_document(text.encode("utf-8"), encoding="utf-8"), expected)
+    assert np.array_equal(
+        shingler.hash_document(text.encode("latin-1"), encoding="latin-1"), expected
+    )
+
+
+def test_invalid_bytes_raise_decode_error_naming_the_encoding() -> None:
+    with pytest.raises(TextDecodeError, match="not valid utf-8") as info:
+        Shingler().hash_batch(["fine", b"caf\xe9 latin-1"], encoding="utf-8")
+    assert info.value.index == 1 and info.value.encoding == "utf-8"
+    with pytest.raises(InvalidParameterError, match="encoding"):
+        Shingler().hash_document(b"abc", encoding="no-such-codec")
+
+
+def test_lone_surrogates_are_hashed_not_rejected() -> None:
+    assert len(Shingler(ShingleConfig(size=2)).hash_document("a\ud800b")) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"size": 0}, "size"),
+        ({"size": -3}, "size"),
+        ({"size": "5"}, "size"),
+        ({"size": True}, "size"),
+        ({"kind": "sentence"}, "kind"),
+        ({"kind": "stopword", "size": 1}, "size"),
+        ({"bag": "yes"}, "bag"),
+        ({"casefold": 1}, "casefold"),
+    ],
+)
+def test_invalid_shingle_configuration(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(InvalidParameterError, match=f"^{name}=") as info:
+        ShingleConfig(**kwargs)  # type: ignore[arg-type]
+    assert info.value.name == name and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, "1", True])
+def test_invalid_seed(seed: object) -> None:
+    with pytest.raises(InvalidParameterError, match="seed"):
+        Shingler(seed=seed)  # type: ignore[arg-type]
+
+
+def test_seed_changes_hashes_and_is_deterministic() -> None:
+    text = "the same text hashed twice"
+    assert np.array_equal(
+        Shingler(seed=5).hash_document(text), Shingler(seed=5).hash_document(text)
+    )
+    assert not np.intersect1d(
+        Shingler(seed=5).hash_document(text), Shingler(seed=6).hash_document(text)
+    ).size
+
+
+def test_documents_do_not_share_shingles_across_batch_boundaries() -> None:
+    batch = Shingler(ShingleConfig(size=3)).hash_batch(["abc", "def"])
+    assert len(batch.hashes) == 2  # no "bcd" or "cde" spanning the two documents
+    assert np.array_equal(batch.document(1), Shingler(ShingleConfig(size=3)).hash_document("def"))
+
+
+_texts = (
+    st.lists(st.sampled_from([*"abcde xyz\n\tÄß", "the", " of ", "a "]), max_size=40)
+    .map("".join)
+    .filter(lambda t: t.strip())
+)
+_configs = st.builds(
+    ShingleConfig,
+    kind=st.sampled_from(["char", "word", "stopword"]),
+    size=st.integers(2, 6),
+    bag=st.booleans(),
+    casefold=st.booleans(),
+    collapse_whitespace=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(_texts, min_size=1, max_size=6), config=_configs)
+def test_vectorised_hashes_agree_with_readable_shingles(
+    texts: list[str], config: ShingleConfig
+) -> None:
+    """Distinct hashed shingles correspond one to one with distinct shingle strings, the
+    batch equals per-document hashing, and bags count every repeat."""
+    shingler = Shingler(config)
+    batch = shingler.hash_batch(texts)
+    strings = [shingle_strings(t, config) for t in texts]
+    for i, (text, shingles) in enumerate(zip(texts, strings, strict=True)):
+        hashes = batch.document(i)
+        assert np.array_equal(np.sort(hashes), np.sort(shingler.hash_document(text)))
+        distinct = len(np.unique(hashes))
+        if config.bag:
+            assert len(hashes) == len(shingles) == distinct
+        else:
+            assert len(hashes) == len(shingles) and distinct == len(set(shingles))
+    if len(texts) >= 2:
+        exact = nd.jaccard(strings[0], strings[1])
+        if config.bag:
+            exact = nd.bag_jaccard(strings[0], strings[1], union="max")
+        assert nd.hashed_jaccard(batch.document(0), batch.document(1)) == pytest.approx(exact)
