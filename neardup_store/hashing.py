@@ -36,14 +36,31 @@ _POLY_BASE_INV = pow(POLY_BASE, -1, 1 << 64)
 _LENGTH_MULT = U64(0xD6E8FEB86659FD93)
 
 
+# Elementwise chains run over blocks of this many values, so each block's temporaries stay
+# in the CPU cache between operations (about twice as fast as whole-array passes).
+BLOCK = 1 << 15
+
+
+def _fmix_in_place(x: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) -> None:
+    np.right_shift(x, _S33, out=scratch)
+    x ^= scratch
+    x *= _FMIX_C1
+    np.right_shift(x, _S33, out=scratch)
+    x ^= scratch
+    x *= _FMIX_C2
+    np.right_shift(x, _S33, out=scratch)
+    x ^= scratch
+
+
 def fmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """MurmurHash3's 64-bit finaliser, applied elementwise (returns a new array)."""
-    x = x ^ (x >> _S33)
-    x *= _FMIX_C1
-    x ^= x >> _S33
-    x *= _FMIX_C2
-    x ^= x >> _S33
-    return x
+    out = np.array(x, dtype=np.uint64, copy=True)
+    flat = out.reshape(-1)
+    scratch = np.empty(min(BLOCK, flat.size), dtype=np.uint64)
+    for lo in range(0, flat.size, BLOCK):
+        block = flat[lo : lo + BLOCK]
+        _fmix_in_place(block, scratch[: len(block)])
+    return out
 
 
 def _splitmix64(state: int, count: int) -> list[int]:
@@ -94,8 +111,24 @@ def _powers(base: int, size: int) -> npt.NDArray[np.uint64]:
 _POWERS = _PowerTable()
 
 
+def _prefix_sums(codes: npt.NDArray[np.unsignedinteger]) -> npt.NDArray[np.uint64]:
+    """``prefix[j] = sum(codes[i] * B**i for i < j)`` mod 2**64, with ``prefix[0] = 0``."""
+    n = len(codes)
+    _POWERS.ensure(n + 1)
+    prefix = np.empty(n + 1, dtype=np.uint64)
+    prefix[0] = 0
+    np.cumsum(np.multiply(codes, _POWERS.forward[:n], dtype=np.uint64), out=prefix[1:])
+    return prefix
+
+
+def _finish(raw: npt.NDArray[np.uint64], lengths: object, key: np.uint64) -> npt.NDArray[np.uint64]:
+    raw += np.asarray(lengths, dtype=np.uint64) * _LENGTH_MULT
+    raw += key
+    return fmix64(raw)
+
+
 def span_hashes(
-    codes: npt.NDArray[np.uint64],
+    codes: npt.NDArray[np.unsignedinteger],
     starts: npt.NDArray[np.int64],
     ends: npt.NDArray[np.int64],
     key: np.uint64,
@@ -107,16 +140,41 @@ def span_hashes(
     content, not on where it sits. Its length and ``key`` are added and the result is
     finalised with :func:`fmix64`.
     """
-    n = len(codes)
-    _POWERS.ensure(n + 1)
-    prefix = np.empty(n + 1, dtype=np.uint64)
-    prefix[0] = 0
-    np.cumsum(codes * _POWERS.forward[:n], out=prefix[1:])
+    prefix = _prefix_sums(codes)
     raw = prefix[ends] - prefix[starts]
     raw *= _POWERS.inverse[starts]
-    raw += (ends - starts).astype(np.uint64) * _LENGTH_MULT
-    raw += key
-    return fmix64(raw)
+    return _finish(raw, ends - starts, key)
+
+
+def window_hashes(
+    codes: npt.NDArray[np.unsignedinteger], width: int, key: np.uint64
+) -> npt.NDArray[np.uint64]:
+    """:func:`span_hashes` of every window ``codes[i:i + width]``, ``0 <= i <= n - width``.
+
+    The same values as spans, computed block by block with slices instead of gathers (the
+    fast path for fixed-width character shingles). A span's value does not depend on its
+    position, so each block uses prefix sums of its own codes only.
+    """
+    count = len(codes) - width + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    _POWERS.ensure(BLOCK + width)
+    out = np.empty(count, dtype=np.uint64)
+    prefix = np.zeros(BLOCK + width, dtype=np.uint64)
+    scratch = np.empty(BLOCK, dtype=np.uint64)
+    addend = U64((width * int(_LENGTH_MULT) + int(key)) & MASK64)
+    for lo in range(0, count, BLOCK):
+        n = min(BLOCK, count - lo)
+        span = codes[lo : lo + n + width - 1]
+        sums = prefix[1 : len(span) + 1]
+        np.multiply(span, _POWERS.forward[: len(span)], out=sums)
+        np.cumsum(sums, out=sums)
+        block = out[lo : lo + n]
+        np.subtract(prefix[width : width + n], prefix[:n], out=block)
+        block *= _POWERS.inverse[:n]
+        block += addend
+        _fmix_in_place(block, scratch[:n])
+    return out
 
 
 def high_bits_below(values: npt.NDArray[np.uint64], bound: int) -> npt.NDArray[np.int64]:

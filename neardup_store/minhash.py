@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import InvalidParameterError
-from .hashing import U64, derive_keys, fmix64, high_bits_below
+from .hashing import BLOCK, U64, derive_keys, fmix64, high_bits_below
 from .text import ShingleBatch, ShingleConfig, Shingler
 
 Scheme = Literal["oph", "kperm"]
@@ -164,9 +164,20 @@ class MinHasher:
     def _oph(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
         k, n_docs = self.num_perm, len(batch)
         hashes, offsets = batch.hashes, batch.offsets
-        owners = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
+        first_bin = np.repeat(np.arange(0, n_docs * k, k, dtype=np.int64), np.diff(offsets))
         bins = np.full(n_docs * k, _EMPTY_BIN, dtype=np.uint64)
-        np.minimum.at(bins, owners * k + high_bits_below(hashes, k), hashes & U64(0xFFFFFFFF))
+        index = np.empty(min(BLOCK, len(hashes)), dtype=np.int64)
+        value = np.empty(len(index), dtype=np.uint64)
+        for lo in range(0, len(hashes), BLOCK):
+            block = hashes[lo : lo + BLOCK]
+            n = len(block)
+            # Top 32 bits pick the bin (multiply-shift), low 32 bits are the value.
+            np.right_shift(block, U64(32), out=value[:n])
+            value[:n] *= U64(k)
+            value[:n] >>= U64(32)
+            np.add(first_bin[lo : lo + n], value[:n], out=index[:n], casting="unsafe")
+            np.bitwise_and(block, U64(0xFFFFFFFF), out=value[:n])
+            np.minimum.at(bins, index[:n], value[:n])
         signature = bins.copy()
         self._densify(signature, bins, has_shingles=np.diff(offsets) > 0)
         signature[signature == _EMPTY_BIN] = EMPTY_VALUE

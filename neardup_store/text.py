@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, TextDecodeError
-from .hashing import derive_keys, fmix64, span_hashes
+from .hashing import derive_keys, fmix64, span_hashes, window_hashes
 
 HASH_VERSION = 1
 """Version of the normalisation + shingle-hash algorithm; recorded with every signature."""
@@ -151,6 +151,17 @@ def normalize(text: str, config: ShingleConfig = ShingleConfig()) -> str:
     return text
 
 
+def _bounds(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``[0, l0, l0 + l1, ...]``: where each of consecutive segments starts, then the end."""
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return bounds
+
+
+def _is_space(codes: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
+    return _IS_SPACE[np.minimum(codes, len(_IS_SPACE) - 1)]
+
+
 def as_text(document: object, encoding: str | None = None, index: int | None = None) -> str:
     """Return ``document`` as ``str``: bytes only with an explicit ``encoding``."""
     if isinstance(document, str):
@@ -238,24 +249,21 @@ class Shingler:
             normalize(as_text(doc, encoding, index), self.config)
             for index, doc in enumerate(documents)
         ]
-        lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         codes = _code_points("".join(texts))
-        doc_starts = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=doc_starts[1:])
+        doc_starts = _bounds(lengths)
         if self.config.kind == "char":
-            unit_codes, unit_bounds = codes, doc_starts
+            self._check_empty(lengths)
+            hashes, counts = self._char_shingles(codes, doc_starts)
         else:
-            unit_codes, unit_bounds = self._words(codes, doc_starts)
-        counts = np.diff(unit_bounds)
-        empty = np.flatnonzero(counts == 0)
-        if len(empty) and not self.config.allow_empty:
-            raise EmptyDocumentError(int(empty[0]))
-        starts, ends, owners = self._shingle_spans(unit_codes, unit_bounds)
-        hashes = span_hashes(unit_codes, starts, ends, self._shingle_key)
-        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(owners, minlength=len(texts)), out=offsets[1:])
+            words, word_bounds = self._words(codes, doc_starts)
+            self._check_empty(np.diff(word_bounds))
+            starts, ends, owners = self._word_shingle_spans(words, word_bounds)
+            hashes = span_hashes(words, starts, ends, self._shingle_key)
+            counts = np.bincount(owners, minlength=len(texts))
+        offsets = _bounds(counts)
         if self.config.bag:
-            hashes = _label_repeats(hashes, owners, self._bag_key)
+            hashes = _label_repeats(hashes, offsets, self._bag_key)
         return ShingleBatch(hashes, offsets)
 
     def hash_document(
@@ -268,15 +276,14 @@ class Shingler:
 
     def _hash_words(self, words: Sequence[str]) -> npt.NDArray[np.uint64]:
         codes = _code_points("".join(words))
-        bounds = np.zeros(len(words) + 1, dtype=np.int64)
-        np.cumsum([len(w) for w in words], out=bounds[1:])
+        bounds = _bounds(np.array([len(w) for w in words], dtype=np.int64))
         return span_hashes(codes, bounds[:-1], bounds[1:], self._word_key)
 
     def _words(
-        self, codes: npt.NDArray[np.uint64], doc_starts: npt.NDArray[np.int64]
+        self, codes: npt.NDArray[np.uint32], doc_starts: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         """Word hashes of the whole batch and the word index where each document starts."""
-        space = _IS_SPACE[np.minimum(codes, len(_IS_SPACE) - 1)]
+        space = _is_space(codes)
         boundary = np.zeros(len(codes) + 1, dtype=bool)
         boundary[doc_starts] = True
         before_space = np.ones(len(codes), dtype=bool)  # previous char is a space or a doc start
@@ -290,19 +297,58 @@ class Shingler:
         words = span_hashes(codes, word_starts, word_ends, self._word_key)
         return words, np.searchsorted(word_starts, doc_starts).astype(np.int64)
 
-    def _shingle_spans(
-        self, units: npt.NDArray[np.uint64], bounds: npt.NDArray[np.int64]
+    def _check_empty(self, unit_counts: npt.NDArray[np.int64]) -> None:
+        empty = np.flatnonzero(unit_counts == 0)
+        if len(empty) and not self.config.allow_empty:
+            raise EmptyDocumentError(int(empty[0]))
+
+    def _char_shingles(
+        self, codes: npt.NDArray[np.uint32], doc_starts: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        """Hashes of all character k-shingles of the batch, and how many each document has.
+
+        Every window of the concatenated text is hashed with slices; the k - 1 windows
+        before each document's end run into the next document and are dropped. Documents
+        shorter than k get one span hash of their whole text, which is the same value the
+        window would have if it were k long.
+        """
+        k = self.config.shingle_size
+        lengths = np.diff(doc_starts)
+        windows = window_hashes(codes, k, self._shingle_key)
+        straddling = (doc_starts[1:, None] - np.arange(1, k)[None, :]).ravel()
+        keep = np.ones(len(windows), dtype=bool)
+        keep[straddling[(straddling >= 0) & (straddling < len(windows))]] = False
+        kept = windows[keep]
+        counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
+        short = np.flatnonzero((lengths > 0) & (lengths < k))
+        if not len(short):
+            return kept, counts
+        short_codes = codes[_segment_indices(doc_starts[short], lengths[short])]
+        short_bounds = _bounds(lengths[short])
+        short_hashes = span_hashes(
+            short_codes, short_bounds[:-1], short_bounds[1:], self._shingle_key
+        )
+        slot_of_short = _bounds(counts)[short]
+        hashes = np.empty(int(counts.sum()), dtype=np.uint64)
+        is_short = np.zeros(len(hashes), dtype=bool)
+        is_short[slot_of_short] = True
+        hashes[slot_of_short] = short_hashes
+        hashes[~is_short] = kept
+        return hashes, counts
+
+    def _word_shingle_spans(
+        self, words: npt.NDArray[np.uint64], bounds: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Start, end and owning document of every shingle span over ``units``."""
+        """Start, end and owning document of every shingle span over the word hashes."""
         k = self.config.shingle_size
         counts = np.diff(bounds)
         doc_ends = bounds[1:]
         if self.config.kind == "stopword":
-            is_stop = np.isin(units, self._stop_hashes)
-            owner_of_unit = np.repeat(np.arange(len(counts)), counts)
+            is_stop = np.isin(words, self._stop_hashes)
+            owner_of_word = np.repeat(np.arange(len(counts)), counts)
             starts = np.flatnonzero(is_stop)
-            starts = starts[starts + k <= doc_ends[owner_of_unit[starts]]]
-            owners = owner_of_unit[starts]
+            starts = starts[starts + k <= doc_ends[owner_of_word[starts]]]
+            owners = owner_of_word[starts]
             spans_per_doc = np.bincount(owners, minlength=len(counts))
             fallback = np.flatnonzero((spans_per_doc == 0) & (counts > 0))
             # A document without a complete stop-word shingle is one shingle: all its words.
@@ -313,24 +359,34 @@ class Shingler:
             return starts[order], ends[order], owners[order]
         spans_per_doc = np.where(counts > 0, np.maximum(counts - k + 1, 1), 0)
         owners = np.repeat(np.arange(len(counts)), spans_per_doc)
-        first_span = np.zeros(len(counts), dtype=np.int64)
-        np.cumsum(spans_per_doc[:-1], out=first_span[1:])
-        starts = bounds[owners] + (np.arange(len(owners)) - first_span[owners])
+        starts = bounds[owners] + _segment_indices(np.zeros_like(counts), spans_per_doc)
         ends = np.minimum(starts + k, doc_ends[owners])
         return starts, ends, owners
 
 
-def _code_points(text: str) -> npt.NDArray[np.uint64]:
+def _segment_indices(
+    starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """Concatenation of ``arange(starts[i], starts[i] + lengths[i])`` over all ``i``."""
+    begin = _bounds(lengths)
+    shift = np.repeat(starts - begin[:-1], lengths)
+    return np.arange(begin[-1], dtype=np.int64) + shift
+
+
+def _code_points(text: str) -> npt.NDArray[np.uint32]:
     # surrogatepass: a lone surrogate is one code unit like any other character, so
     # len(text) always equals the number of codes.
-    raw = text.encode("utf-32-le", "surrogatepass")
-    return np.frombuffer(raw, dtype="<u4").astype(np.uint64)
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
 def _label_repeats(
-    hashes: npt.NDArray[np.uint64], owners: npt.NDArray[np.int64], key: np.uint64
+    hashes: npt.NDArray[np.uint64], offsets: npt.NDArray[np.int64], key: np.uint64
 ) -> npt.NDArray[np.uint64]:
-    """Bag semantics: the i-th repeat of a hash within a document becomes its own element."""
+    """Bag semantics: the i-th repeat of a hash within a document becomes its own element.
+
+    The result is grouped by document like the input (sorted by hash within each).
+    """
+    owners = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     order = np.lexsort((hashes, owners))
     sorted_hashes = hashes[order]
     sorted_owners = owners[order]

@@ -15,7 +15,12 @@ from neardup_store.errors import (
     NeardupError,
     TextDecodeError,
 )
-from neardup_store.text import ShingleConfig, Shingler, normalize, shingle_strings
+from neardup_store.text import (
+    ShingleConfig,
+    Shingler,
+    normalize,
+    shingle_strings,
+)
 
 
 @pytest.mark.parametrize(
@@ -210,11 +215,9 @@ def test_documents_do_not_share_shingles_across_batch_boundaries() -> None:
     assert np.array_equal(batch.document(1), Shingler(ShingleConfig(size=3)).hash_document("def"))
 
 
-_texts = (
-    st.lists(st.sampled_from([*"abcde xyz\n\tÄß", "the", " of ", "a "]), max_size=40)
-    .map("".join)
-    .filter(lambda t: t.strip())
-)
+_texts = st.lists(
+    st.sampled_from([*"abcde xyz\n\tÄß\u3000\xa0\x1cﬁ", "the", " of ", "a ", "  "]), max_size=40
+).map("".join)
 _configs = st.builds(
     ShingleConfig,
     kind=st.sampled_from(["char", "word", "stopword"]),
@@ -222,6 +225,9 @@ _configs = st.builds(
     bag=st.booleans(),
     casefold=st.booleans(),
     collapse_whitespace=st.booleans(),
+    strip=st.booleans(),
+    nfkc=st.booleans(),
+    allow_empty=st.just(True),
 )
 
 
