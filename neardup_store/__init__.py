@@ -6,6 +6,7 @@ keys (:mod:`.lsh`).
 
 from .clusters import connected_components, duplicate_groups, verified_pairs
 from .errors import (
+    BatchTypeError,
     EmptyDocumentError,
     InputTypeError,
     InvalidParameterError,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ENGLISH_STOP_WORDS",
     "HASH_VERSION",
+    "BatchTypeError",
     "EmptyDocumentError",
     "InputTypeError",
     "InvalidParameterError",

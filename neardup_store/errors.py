@@ -35,6 +35,19 @@ class InputTypeError(NeardupError, TypeError):
         self.value_type, self.index = type(value), index
 
 
+class BatchTypeError(NeardupError, TypeError):
+    """A batch call got something other than an iterable of documents (often one str)."""
+
+    def __init__(self, value: object) -> None:
+        hint = (
+            "for one document call signature() / hash_document(), or wrap it in a list"
+            if isinstance(value, (str, bytes, bytearray, memoryview))
+            else "pass a list (or any iterable) of documents"
+        )
+        super().__init__(f"expected an iterable of documents, got {type(value).__name__}; {hint}")
+        self.value_type = type(value)
+
+
 class TextDecodeError(NeardupError, ValueError):
     """Bytes given with an explicit encoding are not valid in that encoding."""
 

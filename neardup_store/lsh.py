@@ -184,6 +184,8 @@ def band_keys(
     Key ``[i, j]`` digests band ``j`` of signature ``i``: a start value derived from
     ``(seed, j)``, folded with each row value, finalised with fmix64.
     """
+    if not isinstance(params, LSHParams):
+        raise InvalidParameterError("params", params, "an LSHParams(bands, rows)")
     sigs = np.asarray(signatures)
     if sigs.ndim == 1:
         sigs = sigs[None, :]

@@ -103,6 +103,8 @@ class MinHasher:
     """
 
     def __init__(self, config: MinHashConfig = MinHashConfig()) -> None:
+        if not isinstance(config, MinHashConfig):
+            raise InvalidParameterError("config", config, "a MinHashConfig")
         self.config = config
         self.shingler = Shingler(config.shingles, config.seed)
         k = config.num_perm
@@ -127,6 +129,7 @@ class MinHasher:
         """Signatures of many documents at once, shape ``(len(documents), num_perm)``.
 
         Raises:
+            BatchTypeError: ``documents`` is a single str/bytes or not iterable.
             InputTypeError: a document is not ``str`` (or bytes without ``encoding``).
             TextDecodeError: bytes are invalid in ``encoding``.
             EmptyDocumentError: a document has no shingles and empties are not allowed.

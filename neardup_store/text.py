@@ -47,7 +47,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, TextDecodeError
+from .errors import (
+    BatchTypeError,
+    EmptyDocumentError,
+    InputTypeError,
+    InvalidParameterError,
+    TextDecodeError,
+)
 from .hashing import derive_keys, fmix64, span_hashes, window_hashes
 
 HASH_VERSION = 1
@@ -235,6 +241,8 @@ class Shingler:
     """Turns documents into 64-bit shingle hashes for one configuration and seed."""
 
     def __init__(self, config: ShingleConfig = ShingleConfig(), seed: int = 1) -> None:
+        if not isinstance(config, ShingleConfig):
+            raise InvalidParameterError("config", config, "a ShingleConfig")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
             raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
         self.config = config
@@ -244,7 +252,18 @@ class Shingler:
             self._stop_hashes = np.unique(self._hash_words(list(_STOP_FORMS)))
 
     def hash_batch(self, documents: Iterable[object], encoding: str | None = None) -> ShingleBatch:
-        """Shingle hashes of many documents at once (sets, or labelled bags)."""
+        """Shingle hashes of many documents at once (sets, or labelled bags).
+
+        Raises:
+            BatchTypeError: ``documents`` is a single str/bytes or not iterable.
+            InputTypeError: a document is not ``str`` (or bytes without ``encoding``).
+            TextDecodeError: bytes are invalid in ``encoding``.
+            EmptyDocumentError: a document has no shingles and empties are not allowed.
+        """
+        if isinstance(documents, (str, bytes, bytearray, memoryview)) or not isinstance(
+            documents, Iterable
+        ):
+            raise BatchTypeError(documents)
         texts = [
             normalize(as_text(doc, encoding, index), self.config)
             for index, doc in enumerate(documents)

@@ -189,3 +189,21 @@ def test_configuration_round_trips_through_a_plain_dict() -> None:
         num_perm=64, scheme="kperm", seed=2**63 + 5, shingles=ShingleConfig(kind="word", size=2)
     )
     assert MinHashConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("documents", ["one document as a str", b"bytes", None, 5])
+def test_batch_calls_reject_a_single_document_or_non_iterable(documents: object) -> None:
+    with pytest.raises(nd.BatchTypeError, match="expected an iterable of documents") as info:
+        MinHasher().signatures(documents)  # type: ignore[arg-type]
+    assert isinstance(info.value, TypeError)
+    if isinstance(documents, str):
+        assert "signature()" in str(info.value)
+
+
+def test_configuration_objects_are_type_checked() -> None:
+    with pytest.raises(InvalidParameterError, match=r"^config=128"):
+        MinHasher(128)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match=r"^config="):
+        Shingler({"kind": "char"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match=r"^params="):
+        nd.band_keys(MinHasher().signatures(["abcdef"]), (9, 13))  # type: ignore[arg-type]
