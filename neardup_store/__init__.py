@@ -4,6 +4,7 @@ Data flows one way: text → shingles (:mod:`.text`) → signature (:mod:`.minha
 keys (:mod:`.lsh`).
 """
 
+from ._version import __version__
 from .clusters import connected_components, duplicate_groups, verified_pairs
 from .errors import (
     BatchTypeError,
@@ -31,8 +32,6 @@ from .text import (
     normalize,
     shingle_strings,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ENGLISH_STOP_WORDS",

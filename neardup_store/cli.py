@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .demo import DemoResult, run_demo
 from .errors import NeardupError
 from .minhash import SCHEMES, MinHashConfig

@@ -70,3 +70,186 @@ class EmptyDocumentError(NeardupError, ValueError):
             "create the configuration with allow_empty=True to give it the empty signature"
         )
         self.index = index
+
+
+# -- store errors ---------------------------------------------------------------------------
+
+
+class StoreNotFoundError(NeardupError, FileNotFoundError):
+    """No store at the path (and ``create`` was not asked for)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path}: no store here; pass create=True (or run `neardup-admin init {path}`) "
+            "to make one"
+        )
+        self.path = path
+
+
+class NotAStoreError(NeardupError, ValueError):
+    """The path holds something that is not a neardup_store store."""
+
+    def __init__(self, path: str, found: str) -> None:
+        super().__init__(
+            f"{path}: not a neardup_store store ({found}); point at a store directory, "
+            "or at an empty or new directory with create=True"
+        )
+        self.path, self.found = path, found
+
+
+class FormatVersionError(NeardupError, ValueError):
+    """The store was written in a format this release does not read."""
+
+    def __init__(self, path: str, found: object, supported: int) -> None:
+        super().__init__(
+            f"{path}: store format v{found}, this release reads v{supported}; open it with "
+            "the release that wrote it and export it (`neardup-admin export`), then import "
+            "the export here"
+        )
+        self.path, self.found, self.supported = path, found, supported
+
+
+class ParamsMismatchError(NeardupError, ValueError):
+    """Parameters passed to ``open`` conflict with the ones the store was created with."""
+
+    def __init__(self, path: str, conflicts: dict[str, tuple[object, object]]) -> None:
+        listed = "; ".join(
+            f"{name}: store has {stored!r}, asked for {asked!r}"
+            for name, (stored, asked) in sorted(conflicts.items())
+        )
+        super().__init__(
+            f"{path}: parameters conflict with the store's ({listed}); open it without "
+            "parameters to use its own, or rebuild/export into a new store to change them"
+        )
+        self.path, self.conflicts = path, conflicts
+
+
+class InvalidKeyError(NeardupError, ValueError):
+    """A document key is of the wrong type, empty or too long."""
+
+    def __init__(self, key: object, reason: str) -> None:
+        shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
+        super().__init__(f"invalid document key {shown}: {reason}")
+        self.key, self.reason = key, reason
+
+
+class MetadataError(NeardupError, ValueError):
+    """User metadata cannot be stored (not msgpack-serialisable, or too large)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"metadata rejected: {reason}; use small values of dict/list/str/bytes/int/"
+            "float/bool/None"
+        )
+        self.reason = reason
+
+
+class DuplicateKeyError(NeardupError, ValueError):
+    """The key is already in the store."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(f"key {key!r} is already in the store; pass replace=True to overwrite it")
+        self.key = key
+
+
+class KeyNotFoundError(NeardupError, KeyError):
+    """The key is not in the store."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(f"key {key!r} is not in the store; pass missing_ok=True to ignore")
+        self.key = key
+
+    def __str__(self) -> str:  # KeyError would show the repr of the whole message
+        return str(self.args[0])
+
+
+class ReadOnlyError(NeardupError, PermissionError):
+    """A write was attempted on a store opened read-only."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path}: the store is open read-only; reopen it with read_only=False")
+        self.path = path
+
+
+class StoreFullError(NeardupError, OSError):
+    """The disk (or file-size limit) is full: the transaction was rolled back."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"{path}: no space left to grow the store ({detail}); nothing of this "
+            "transaction was written. Free disk space and retry"
+        )
+        self.path, self.detail = path, detail
+
+
+class StoreBusyError(NeardupError, RuntimeError):
+    """An exclusive operation (such as compact) found other processes using the store."""
+
+    def __init__(self, path: str, operation: str) -> None:
+        super().__init__(
+            f"{path}: cannot {operation} while other processes have the store open; "
+            "close them and retry"
+        )
+        self.path, self.operation = path, operation
+
+
+class ForkedStoreError(NeardupError, RuntimeError):
+    """A store object was used in a process forked after it was opened."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path}: this store object was opened in another process (before a fork); "
+            "open the store again in this process"
+        )
+        self.path = path
+
+
+class StoreClosedError(NeardupError, RuntimeError):
+    """The store, or the transaction, was used after it was closed."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the {what} is closed; open a new one")
+        self.what = what
+
+
+class CorruptRecordError(NeardupError, ValueError):
+    """A stored record failed its checksum or could not be decoded."""
+
+    def __init__(self, doc_id: int | None, reason: str) -> None:
+        where = "a record" if doc_id is None else f"document record #{doc_id}"
+        super().__init__(
+            f"{where} is corrupt ({reason}); run `neardup-admin check` and restore from a "
+            "backup or export"
+        )
+        self.doc_id, self.reason = doc_id, reason
+
+
+class TransactionConflictError(NeardupError, RuntimeError):
+    """A write transaction could not be replayed after the map had to grow, because
+    another process committed in between and the replay gave different results."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"the transaction had to be redone after growing the store and another "
+            f"writer changed the outcome ({detail}); nothing was written, retry it"
+        )
+        self.detail = detail
+
+
+class InvalidStreamError(NeardupError, ValueError):
+    """An import stream is not a neardup_store export, or does not fit this store."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot import: {reason}")
+        self.reason = reason
+
+
+class TransactionAbortedError(NeardupError, RuntimeError):
+    """An operation failed part-way through its writes; the transaction cannot commit."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(
+            f"an operation failed part-way ({cause}); the whole transaction was rolled "
+            "back so no half-applied document is committed. Fix the cause and retry"
+        )
+        self.cause = cause

@@ -1,0 +1,271 @@
+"""The on-disk format of a store: the one place that says what every byte means.
+
+A store is one LMDB environment (a directory holding ``data.mdb`` and ``lock.mdb``, plus
+our ``neardup.lock``) with these named tables. Integers in keys are big-endian, so LMDB's
+byte order is numeric order; integers inside values are little-endian.
+
+``meta`` — text key → msgpack value
+    ``format``           the string ``"neardup_store"``: marks the environment as a store.
+    ``format_version``   int, :data:`FORMAT_VERSION` of the writer.
+    ``package_version``  str, the neardup_store release that created the store.
+    ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``.
+    ``config``           map, :meth:`MinHashConfig.to_dict` (num_perm, scheme, seed and the
+                         shingle configuration with its ``hash_version``).
+    ``banding``          map ``{"bands", "rows", "threshold", "generation"}``.
+    ``commit_counter``   int, +1 on every committed write transaction.
+    ``next_doc_id``      int, the next internal document id to hand out.
+    ``map_size``         int, the map size in bytes the store last grew to.
+
+``docs`` — document id (8 bytes, big-endian uint64) → document record
+    ==========  =====================================================================
+    bytes       meaning
+    ==========  =====================================================================
+    1           record version, :data:`RECORD_VERSION` (1)
+    1           flags: bit 0 key is ``str`` (UTF-8), else ``bytes``; bit 1 has metadata
+    2           num_perm, uint16 LE
+    4           key length in bytes, uint32 LE
+    key length  the external key
+    4·num_perm  the signature, uint32 LE each
+    rest − 8    metadata, msgpack (only when flag bit 1 is set)
+    8           xxh64 (seed 0) of every preceding byte of the record, LE
+    ==========  =====================================================================
+
+``keys`` — key index → document id (8 bytes, big-endian)
+    The key index is one tag byte (``s`` for a ``str`` key, ``b`` for ``bytes``) followed by
+    the key's bytes when they are at most :data:`INLINE_KEY_BYTES` long, or else by tag ``S``
+    / ``B`` and the 32-byte SHA-256 of the key (LMDB keys are limited to 511 bytes). The
+    record holds the full key, which a lookup compares, so a hashed index is never trusted
+    alone.
+
+``band.<generation>.<index>`` — band key (8 bytes, big-endian uint64) → document ids
+    One table per band (``index`` is four decimal digits), duplicate-sorted with fixed
+    8-byte big-endian values: each band key maps to the ids of the documents whose band
+    has that key. Adding or removing a document touches one entry per band. A rebuild
+    writes a new generation and drops the old one in the same transaction.
+
+Export stream (:func:`export_header`, :func:`export_record`): a sequence of msgpack
+objects. First a header map ``{"format": "neardup_store-export", "version": 1, "config":
+…, "banding": …, "package_version": …}``, then one array per document ``[key, signature
+bytes (uint32 LE), metadata or nil]`` where key is a msgpack str or bin exactly as stored.
+
+Nothing is ever unpickled: msgpack is decoded with ``raw=False`` and
+``strict_map_key=True`` and no extension hook, so reading a file cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from .errors import CorruptRecordError, InvalidKeyError, MetadataError
+
+FORMAT_NAME = "neardup_store"
+FORMAT_VERSION = 1
+RECORD_VERSION = 1
+EXPORT_FORMAT = "neardup_store-export"
+EXPORT_VERSION = 1
+
+META_DB = b"meta"
+DOCS_DB = b"docs"
+KEYS_DB = b"keys"
+
+MAX_KEY_BYTES = 16 * 1024
+INLINE_KEY_BYTES = 400
+MAX_METADATA_BYTES = 64 * 1024
+
+_HEADER = struct.Struct("<BBHI")
+_CHECKSUM = struct.Struct("<Q")
+_ID = struct.Struct(">Q")
+_FLAG_STR_KEY = 1
+_FLAG_METADATA = 2
+
+
+def band_table_name(generation: int, index: int) -> bytes:
+    """Name of band table ``index`` of banding ``generation``."""
+    return f"band.{generation}.{index:04d}".encode("ascii")
+
+
+def encode_id(doc_id: int) -> bytes:
+    """8-byte big-endian document id (sorts numerically)."""
+    return _ID.pack(doc_id)
+
+
+def decode_id(raw: bytes) -> int:
+    """Inverse of :func:`encode_id`."""
+    return int(_ID.unpack(raw)[0])
+
+
+def encode_band_keys(keys: npt.NDArray[np.uint64]) -> list[bytes]:
+    """Band keys as 8-byte big-endian table keys."""
+    return [k.tobytes() for k in keys.astype(">u8")]
+
+
+def key_bytes(key: object) -> tuple[bytes, bool]:
+    """Validate an external key; return its bytes and whether it is a ``str``.
+
+    Raises:
+        InvalidKeyError: wrong type, empty, too long, or a str that is not valid Unicode.
+    """
+    if isinstance(key, str):
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidKeyError(key, f"it is not encodable as UTF-8 ({err.reason})") from None
+        is_str = True
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        raw, is_str = bytes(key), False
+    else:
+        raise InvalidKeyError(key, f"keys are str or bytes, not {type(key).__name__}")
+    if not raw:
+        raise InvalidKeyError(key, "keys must not be empty")
+    if len(raw) > MAX_KEY_BYTES:
+        raise InvalidKeyError(
+            key, f"it is {len(raw)} bytes long; keys are at most {MAX_KEY_BYTES} bytes"
+        )
+    return raw, is_str
+
+
+def key_index(raw: bytes, is_str: bool) -> bytes:
+    """The ``keys`` table key for an external key (see the module docstring)."""
+    if len(raw) <= INLINE_KEY_BYTES:
+        return (b"s" if is_str else b"b") + raw
+    return (b"S" if is_str else b"B") + hashlib.sha256(raw).digest()
+
+
+def pack_metadata(metadata: object) -> bytes | None:
+    """Validate and encode user metadata (msgpack, at most 64 KiB); ``None`` stays ``None``.
+
+    Raises:
+        MetadataError: not msgpack-serialisable or too large.
+    """
+    if metadata is None:
+        return None
+    try:
+        packed = msgpack.packb(metadata, use_bin_type=True, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise MetadataError(f"it cannot be stored ({err})") from None
+    if len(packed) > MAX_METADATA_BYTES:
+        raise MetadataError(
+            f"it encodes to {len(packed)} bytes; metadata is at most {MAX_METADATA_BYTES} bytes"
+        )
+    return packed
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=True)
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    """A decoded ``docs`` record."""
+
+    key: str | bytes
+    signature: npt.NDArray[np.uint32]
+    metadata: Any
+
+
+def encode_record(
+    raw_key: bytes, is_str: bool, signature: npt.NDArray[np.uint32], metadata: bytes | None
+) -> bytes:
+    """Encode a document record; ``metadata`` is already packed (:func:`pack_metadata`)."""
+    flags = (_FLAG_STR_KEY if is_str else 0) | (_FLAG_METADATA if metadata is not None else 0)
+    body = b"".join(
+        (
+            _HEADER.pack(RECORD_VERSION, flags, len(signature), len(raw_key)),
+            raw_key,
+            np.ascontiguousarray(signature, dtype="<u4").tobytes(),
+            metadata or b"",
+        )
+    )
+    return body + _CHECKSUM.pack(xxhash.xxh64_intdigest(body))
+
+
+def _split_record(data: bytes, doc_id: int | None) -> tuple[int, int, bytes, memoryview, bytes]:
+    if len(data) < _HEADER.size + _CHECKSUM.size:
+        raise CorruptRecordError(doc_id, "record shorter than its header")
+    body, (stored,) = data[: -_CHECKSUM.size], _CHECKSUM.unpack(data[-_CHECKSUM.size :])
+    if xxhash.xxh64_intdigest(body) != stored:
+        raise CorruptRecordError(doc_id, "checksum mismatch")
+    version, flags, num_perm, key_len = _HEADER.unpack_from(body)
+    if version != RECORD_VERSION:
+        raise CorruptRecordError(doc_id, f"record version {version}, expected {RECORD_VERSION}")
+    start = _HEADER.size
+    sig_end = start + key_len + 4 * num_perm
+    if sig_end > len(body):
+        raise CorruptRecordError(doc_id, "lengths overrun the record")
+    raw_key = body[start : start + key_len]
+    return flags, num_perm, raw_key, memoryview(body)[start + key_len : sig_end], body[sig_end:]
+
+
+def decode_record(data: bytes, doc_id: int | None = None) -> DocumentRecord:
+    """Decode and verify a document record.
+
+    Raises:
+        CorruptRecordError: checksum mismatch, unknown record version or bad lengths.
+    """
+    flags, _, raw_key, signature, metadata = _split_record(data, doc_id)
+    key: str | bytes = raw_key.decode("utf-8") if flags & _FLAG_STR_KEY else raw_key
+    meta = _unpack(metadata) if flags & _FLAG_METADATA else None
+    return DocumentRecord(key, np.frombuffer(signature, dtype="<u4").astype(np.uint32), meta)
+
+
+def decode_signature(data: bytes, doc_id: int | None = None) -> npt.NDArray[np.uint32]:
+    """Only the signature of a record (verified), without decoding key or metadata."""
+    _, _, _, signature, _ = _split_record(data, doc_id)
+    return np.frombuffer(signature, dtype="<u4")
+
+
+def record_key(data: bytes, doc_id: int | None = None) -> tuple[bytes, bool]:
+    """Only the key of a record (verified): its bytes and whether it is a ``str``."""
+    flags, _, raw_key, _, _ = _split_record(data, doc_id)
+    return raw_key, bool(flags & _FLAG_STR_KEY)
+
+
+def pack_meta(value: object) -> bytes:
+    """Encode a ``meta`` value."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack_meta(data: bytes) -> Any:
+    """Decode a ``meta`` value (never executes code)."""
+    return _unpack(data)
+
+
+def export_header(config: dict[str, Any], banding: dict[str, Any], package_version: str) -> bytes:
+    """The first object of an export stream."""
+    return msgpack.packb(
+        {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "config": config,
+            "banding": banding,
+            "package_version": package_version,
+        },
+        use_bin_type=True,
+    )
+
+
+def export_record(record: DocumentRecord) -> bytes:
+    """One document of an export stream."""
+    return msgpack.packb(
+        [
+            record.key,
+            np.ascontiguousarray(record.signature, dtype="<u4").tobytes(),
+            record.metadata,
+        ],
+        use_bin_type=True,
+    )
+
+
+def stream_unpacker(stream: Any) -> msgpack.Unpacker:
+    """A safe msgpack reader for an export stream (no code execution, bounded buffers)."""
+    return msgpack.Unpacker(
+        stream, raw=False, strict_map_key=True, max_buffer_size=64 * 1024 * 1024
+    )

@@ -1,0 +1,590 @@
+"""The store: one LMDB environment holding signatures, keys and band tables.
+
+Opening creates or validates the environment (format, parameters), takes a shared lock on
+``neardup.lock`` (so :func:`compact` can refuse while others use the store), cleans stale
+reader slots and adopts the recorded map size. Transactions come from :meth:`Store.read`
+and :meth:`Store.write`; single calls on the store run in their own transaction.
+
+Operational rules the store enforces:
+
+* The map grows before it fills: a write transaction starts by growing the map when less
+  than a quarter of it is free, and a transaction that still runs out is redone after
+  growing (see :mod:`.txn`). A map grown by another process is adopted. The size reached
+  is recorded, so a later open never shrinks it.
+* Committed means synced to disk, unless the store was opened with ``durable=False``
+  (bulk loads): then a commit survives a crash of the process but not of the machine.
+* A store object belongs to the process that opened it: after ``fork()`` the child must
+  open its own (using the parent's raises :class:`ForkedStoreError`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+
+from . import codec
+from ._version import __version__
+from .errors import (
+    ForkedStoreError,
+    FormatVersionError,
+    InvalidParameterError,
+    NotAStoreError,
+    ParamsMismatchError,
+    ReadOnlyError,
+    StoreClosedError,
+    StoreFullError,
+    StoreNotFoundError,
+)
+from .lsh import LSHParams, choose_params
+from .minhash import MinHashConfig, MinHasher
+from .text import ShingleConfig
+from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn
+
+DEFAULT_MAP_SIZE = 1 << 30
+"""Initial map size (1 GiB of address space; the file only grows with its data)."""
+MIN_FREE_FRACTION = 0.25
+LOCK_FILE = "neardup.lock"
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+@dataclass(frozen=True)
+class StoreParams:
+    """Everything that decides what a store's signatures and bands mean."""
+
+    config: MinHashConfig
+    banding: LSHParams
+    threshold: float
+
+    def flat(self) -> dict[str, Any]:
+        """One flat dict of every parameter (for comparisons and display)."""
+        return {
+            "num_perm": self.config.num_perm,
+            "scheme": self.config.scheme,
+            "seed": self.config.seed,
+            **_shingle_fields(self.config.shingles),
+            "bands": self.banding.bands,
+            "rows": self.banding.rows,
+            "threshold": self.threshold,
+        }
+
+
+def _shingle_fields(shingles: ShingleConfig) -> dict[str, Any]:
+    return {
+        f"shingle_{name}" if name in ("kind", "size") else name: value
+        for name, value in shingles.to_dict().items()
+    }
+
+
+def _resolve_params(
+    threshold: float | None,
+    num_perm: int | None,
+    scheme: str | None,
+    seed: int | None,
+    shingles: ShingleConfig | None,
+    bands: int | None,
+    rows: int | None,
+) -> StoreParams:
+    defaults = MinHashConfig()
+    config = MinHashConfig(
+        num_perm=defaults.num_perm if num_perm is None else num_perm,
+        scheme=defaults.scheme if scheme is None else scheme,  # type: ignore[arg-type]
+        seed=defaults.seed if seed is None else seed,
+        shingles=defaults.shingles if shingles is None else shingles,
+    )
+    threshold = _valid_threshold(0.8 if threshold is None else threshold)
+    if (bands is None) != (rows is None):
+        raise InvalidParameterError("bands/rows", (bands, rows), "both bands and rows, or neither")
+    if bands is None or rows is None:
+        banding = choose_params(threshold, config.num_perm)
+    else:
+        banding = LSHParams(bands, rows)
+        banding.check_fits(config.num_perm)
+    return StoreParams(config, banding, threshold)
+
+
+def _valid_threshold(threshold: object) -> float:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not 0.0 < float(threshold) <= 1.0
+    ):
+        raise InvalidParameterError("threshold", threshold, "a number in (0, 1]")
+    return float(threshold)
+
+
+class Store:
+    """A persistent near-duplicate index. Open it with :meth:`Store.open`.
+
+    Example:
+        >>> import neardup_store as nd, tempfile
+        >>> with nd.Store.open(tempfile.mkdtemp() + "/s", create=True) as store:
+        ...     store.add("a", "the quick brown fox jumps over the lazy dog")
+        ...     [m.key for m in store.query("the quick brown fox jumps over the lazy dog!")]
+        False
+        ['a']
+    """
+
+    def __init__(self, path: Path, read_only: bool, durable: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self.durable = durable
+        self._pid = os.getpid()
+        self._env: lmdb.Environment | None = None
+        self._lock_fd: int | None = None
+        self._grow_lock = threading.RLock()
+        self.params: StoreParams
+        self.hasher: MinHasher
+        self._band_dbs: list[Any] = []
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        create: bool = False,
+        *,
+        read_only: bool = False,
+        threshold: float | None = None,
+        num_perm: int | None = None,
+        scheme: str | None = None,
+        seed: int | None = None,
+        shingles: ShingleConfig | None = None,
+        bands: int | None = None,
+        rows: int | None = None,
+        map_size: int | None = None,
+        durable: bool = True,
+        max_readers: int = 126,
+    ) -> Store:
+        """Open the store at ``path`` (a directory), creating it if asked.
+
+        Parameters (threshold, num_perm, scheme, seed, shingles, bands/rows) are used when
+        creating; on a reopen they may be omitted, and any that are passed must equal the
+        stored ones. Unset ones default to threshold 0.8, num_perm 128, scheme ``oph``,
+        seed 1, character 5-shingles, and bands/rows from :func:`choose_params`.
+
+        Raises:
+            StoreNotFoundError: nothing at ``path`` and ``create`` is false.
+            NotAStoreError: ``path`` is a file, or an environment without our metadata.
+            FormatVersionError: written by an unknown format version.
+            ParamsMismatchError: a passed parameter conflicts with the stored one.
+        """
+        if read_only and create:
+            raise InvalidParameterError("create", create, "False when read_only=True")
+        if map_size is not None and (not isinstance(map_size, int) or map_size < 1 << 16):
+            raise InvalidParameterError("map_size", map_size, "an integer of at least 65536 bytes")
+        directory = Path(path)
+        asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
+        if directory.exists() and not directory.is_dir():
+            raise NotAStoreError(str(directory), "it is a file, not a store directory")
+        exists = (directory / "data.mdb").exists()
+        if not exists and not create:
+            raise StoreNotFoundError(str(directory))
+        store = cls(directory, read_only, durable)
+        try:
+            if exists:
+                store._open_existing(asked, map_size, max_readers)
+            else:
+                store._create(_resolve_params(*asked), map_size, max_readers)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self._lock_fd is None:
+            self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+        try:
+            env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=max_dbs,
+                max_readers=max_readers,
+                readonly=self.read_only,
+                sync=self.durable,
+                metasync=self.durable,
+                lock=True,
+                writemap=False,  # a full disk must be an error, not SIGBUS
+                meminit=False,
+                create=not self.read_only,
+            )
+        except lmdb.Error as err:
+            raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
+        env.reader_check()  # slots left by killed processes
+        return env
+
+    def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
+        size = map_size or DEFAULT_MAP_SIZE
+        env = self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
+        meta_db = env.open_db(codec.META_DB)
+        with env.begin(write=True) as txn:
+            if txn.get(b"format", db=meta_db) is not None:
+                raise NotAStoreError(str(self.path), "created concurrently by another process")
+            values = {
+                "format": codec.FORMAT_NAME,
+                "format_version": codec.FORMAT_VERSION,
+                "package_version": __version__,
+                "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
+                "config": params.config.to_dict(),
+                "banding": {
+                    "bands": params.banding.bands,
+                    "rows": params.banding.rows,
+                    "threshold": params.threshold,
+                    "generation": 0,
+                },
+                "commit_counter": 0,
+                "next_doc_id": 0,
+                "map_size": size,
+            }
+            for name, value in values.items():
+                txn.put(name.encode(), codec.pack_meta(value), db=meta_db)
+            env.open_db(codec.DOCS_DB, txn=txn)
+            env.open_db(codec.KEYS_DB, txn=txn)
+            for band in range(params.banding.bands):
+                env.open_db(codec.band_table_name(0, band), txn=txn, dupsort=True, dupfixed=True)
+        self._attach(params, generation=0)
+
+    def _open_existing(
+        self, asked: tuple[Any, ...], map_size: int | None, max_readers: int
+    ) -> None:
+        probe = self._open_env(4, map_size or DEFAULT_MAP_SIZE, max_readers)
+        try:
+            meta = self._read_all_meta(probe)
+        finally:
+            probe.close()
+        params = self._params_from_meta(meta)
+        self._check_asked(params, asked)
+        size = max(map_size or 0, int(meta.get("map_size", 0)), DEFAULT_MAP_SIZE)
+        self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
+        self._attach(params, generation=int(meta["banding"]["generation"]))
+
+    def _read_all_meta(self, env: lmdb.Environment) -> dict[str, Any]:
+        try:
+            meta_db = env.open_db(codec.META_DB, create=False)
+        except lmdb.NotFoundError:
+            raise NotAStoreError(
+                str(self.path), "an LMDB environment without a meta table"
+            ) from None
+        except lmdb.Error as err:
+            raise NotAStoreError(str(self.path), f"unreadable: {err}") from None
+        with env.begin(db=meta_db) as txn:
+            meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
+        if meta.get("format") != codec.FORMAT_NAME:
+            raise NotAStoreError(str(self.path), "its meta table does not mark a neardup_store")
+        if meta.get("format_version") != codec.FORMAT_VERSION:
+            raise FormatVersionError(
+                str(self.path), meta.get("format_version"), codec.FORMAT_VERSION
+            )
+        return meta
+
+    def _params_from_meta(self, meta: dict[str, Any]) -> StoreParams:
+        banding = meta["banding"]
+        return StoreParams(
+            MinHashConfig.from_dict(meta["config"]),
+            LSHParams(banding["bands"], banding["rows"]),
+            float(banding["threshold"]),
+        )
+
+    def _check_asked(self, params: StoreParams, asked: tuple[Any, ...]) -> None:
+        threshold, num_perm, scheme, seed, shingles, bands, rows = asked
+        given: dict[str, Any] = {
+            "threshold": threshold, "num_perm": num_perm, "scheme": scheme, "seed": seed,
+            "bands": bands, "rows": rows,
+        }  # fmt: skip
+        if shingles is not None:
+            given.update(_shingle_fields(shingles))
+        stored = params.flat()
+        conflicts = {
+            name: (stored[name], value)
+            for name, value in given.items()
+            if value is not None and stored[name] != value
+        }
+        if conflicts:
+            raise ParamsMismatchError(str(self.path), conflicts)
+
+    def _attach(self, params: StoreParams, generation: int) -> None:
+        env = self._require_env()
+        self.params = params
+        self.hasher = MinHasher(params.config)
+        self._generation = generation
+        self._meta_db = env.open_db(codec.META_DB, create=False)
+        self._docs_db = env.open_db(codec.DOCS_DB, create=False)
+        self._keys_db = env.open_db(codec.KEYS_DB, create=False)
+        self._band_dbs = [
+            env.open_db(codec.band_table_name(generation, band), create=False, dupsort=True,
+                        dupfixed=True)
+            for band in range(params.banding.bands)
+        ]  # fmt: skip
+
+    # -- properties ------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> MinHashConfig:
+        return self.params.config
+
+    @property
+    def banding(self) -> LSHParams:
+        return self.params.banding
+
+    @property
+    def threshold(self) -> float:
+        return self.params.threshold
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the environment and release the lock (idempotent)."""
+        if self._env is not None and os.getpid() == self._pid:
+            self._env.close()
+        self._env = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._env is None else ("read-only" if self.read_only else "open")
+        return f"<Store {str(self.path)!r} {state}>"
+
+    def _require_env(self) -> lmdb.Environment:
+        if os.getpid() != self._pid:
+            raise ForkedStoreError(str(self.path))
+        if self._env is None:
+            raise StoreClosedError("store")
+        return self._env
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(str(self.path))
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    def _begin(self, write: bool) -> lmdb.Transaction:
+        env = self._require_env()
+        for attempt in range(3):
+            try:
+                return env.begin(write=write)
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)  # another process grew the map: adopt its size
+            except lmdb.ReadersFullError:
+                if attempt:
+                    raise
+                env.reader_check()
+        return env.begin(write=write)
+
+    @contextmanager
+    def read(self) -> Iterator[ReadTxn]:
+        """A consistent read snapshot; use it with ``with``."""
+        txn = self._begin(write=False)
+        reader = ReadTxn(self, txn)
+        try:
+            yield reader
+        finally:
+            reader._close()
+            txn.abort()
+
+    @contextmanager
+    def write(self) -> Iterator[WriteTxn]:
+        """A write transaction: commits on a clean exit, rolls back if the block raises."""
+        self._check_writable()
+        self._ensure_headroom()
+        writer = WriteTxn(self, self._begin(write=True))
+        try:
+            yield writer
+        except BaseException:
+            writer._finish(commit=False)
+            raise
+        try:
+            writer._finish(commit=True)
+        except lmdb.Error as err:
+            raise self._translate(err) from err
+
+    def _translate(self, err: lmdb.Error) -> Exception:
+        code = getattr(err, "errno", None)
+        text = str(err)
+        if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
+            return StoreFullError(str(self.path), text)
+        return err
+
+    def _used_bytes(self) -> int:
+        env = self._require_env()
+        return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+
+    def _ensure_headroom(self) -> None:
+        env = self._require_env()
+        size = int(env.info()["map_size"])
+        if self._used_bytes() > (1 - MIN_FREE_FRACTION) * size:
+            with self._grow_lock:
+                env.set_mapsize(2 * size)
+
+    def _grow_and_begin_write(self) -> lmdb.Transaction:
+        env = self._require_env()
+        with self._grow_lock:
+            env.set_mapsize(max(2 * int(env.info()["map_size"]), 2 * self._used_bytes()))
+        return self._begin(write=True)
+
+    def _read_meta(self, txn: lmdb.Transaction, name: str) -> Any:
+        return codec.unpack_meta(txn.get(name.encode(), db=self._meta_db))
+
+    def _write_counters(self, writer: WriteTxn) -> None:
+        txn = writer.txn
+        counter = self._read_meta(txn, "commit_counter") + 1
+        txn.put(b"commit_counter", codec.pack_meta(counter), db=self._meta_db)
+        if writer._next_id is not None:
+            txn.put(b"next_doc_id", codec.pack_meta(writer._next_id), db=self._meta_db)
+        size = int(self._require_env().info()["map_size"])
+        if self._read_meta(txn, "map_size") < size:
+            txn.put(b"map_size", codec.pack_meta(size), db=self._meta_db)
+
+    # -- validation helpers used by transactions -------------------------------------------------
+
+    def _check_threshold(self, threshold: float | None) -> float:
+        return self.threshold if threshold is None else _valid_threshold(threshold)
+
+    def _check_signatures(self, signatures: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        array = np.asarray(signatures)
+        num_perm = self.config.num_perm
+        if array.ndim != 2 or array.shape[1] != num_perm or array.dtype.kind not in "ui":
+            raise InvalidParameterError(
+                "signatures", f"{array.dtype} array of shape {array.shape}",
+                f"integers of shape (n, {num_perm}) made with this store's configuration",
+            )  # fmt: skip
+        if array.size and (array.min() < 0 or array.max() > 0xFFFFFFFF):
+            raise InvalidParameterError("signatures", "values out of range", "uint32 values")
+        return array.astype(np.uint32)
+
+    def _check_signature(self, signature: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        array = np.asarray(signature)
+        if array.ndim != 1:
+            raise InvalidParameterError(
+                "signature",
+                f"shape {array.shape}",
+                f"one signature of {self.config.num_perm} values",
+            )
+        return self._check_signatures(array[None, :])[0]
+
+    # -- single-call conveniences (each its own transaction) -------------------------------------
+
+    def __len__(self) -> int:
+        with self.read() as txn:
+            return len(txn)
+
+    def __contains__(self, key: object) -> bool:
+        with self.read() as txn:
+            return key in txn
+
+    def __iter__(self) -> Iterator[Key]:
+        """Keys in insertion order, read in chunks of short transactions (not one snapshot)."""
+        after = b""
+        while True:
+            with self.read() as txn, txn.txn.cursor(db=self._docs_db) as cursor:
+                if not cursor.set_range(after):
+                    return
+                chunk = []
+                for raw_id, record in cursor:
+                    if raw_id == after:
+                        continue
+                    raw, is_str = codec.record_key(record)
+                    chunk.append((bytes(raw_id), raw.decode("utf-8") if is_str else raw))
+                    if len(chunk) == 1024:
+                        break
+            if not chunk:
+                return
+            yield from (key for _, key in chunk)
+            after = chunk[-1][0]
+
+    def get(self, key: Key) -> Document:
+        """See :meth:`ReadTxn.get`."""
+        with self.read() as txn:
+            return txn.get(key)
+
+    def query(self, document: object = None, **options: Any) -> list[Match]:
+        """See :meth:`ReadTxn.query`."""
+        with self.read() as txn:
+            return txn.query(document, **options)
+
+    def query_many(
+        self, documents: Iterable[object] | None = None, **options: Any
+    ) -> list[list[Match]]:
+        """See :meth:`ReadTxn.query_many`."""
+        with self.read() as txn:
+            return txn.query_many(documents, **options)
+
+    def add(self, key: Key, document: object = None, **options: Any) -> bool:
+        """See :meth:`WriteTxn.add`."""
+        with self.write() as txn:
+            return txn.add(key, document, **options)
+
+    def add_many(
+        self,
+        items: Iterable[tuple[Key, object] | tuple[Key, object, Any]],
+        *,
+        batch_size: int | None = 10_000,
+        replace: bool = False,
+        encoding: str | None = None,
+    ) -> int:
+        """Add many items, committing every ``batch_size`` items (``None``: one transaction).
+
+        If a batch fails, the batches before it stay committed and the error says so
+        through its type; nothing of the failing batch is written.
+        """
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise InvalidParameterError("batch_size", batch_size, "a positive integer or None")
+        total = 0
+        for batch in _batches(items, batch_size):
+            with self.write() as txn:
+                total += txn.add_many(batch, replace=replace, encoding=encoding)
+        return total
+
+    def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
+        """See :meth:`WriteTxn.remove`."""
+        with self.write() as txn:
+            return txn.remove(key, missing_ok=missing_ok)
+
+    def remove_many(self, keys: Iterable[Key], *, missing_ok: bool = False) -> int:
+        """See :meth:`WriteTxn.remove_many` (one transaction)."""
+        with self.write() as txn:
+            return txn.remove_many(keys, missing_ok=missing_ok)
+
+    def add_if_unique(self, key: Key, document: object = None, **options: Any) -> UniqueResult:
+        """See :meth:`WriteTxn.add_if_unique`."""
+        with self.write() as txn:
+            return txn.add_if_unique(key, document, **options)
+
+    def add_many_if_unique(self, items: Iterable[Any], **options: Any) -> list[UniqueResult]:
+        """See :meth:`WriteTxn.add_many_if_unique` (one transaction)."""
+        with self.write() as txn:
+            return txn.add_many_if_unique(items, **options)
+
+    def sync(self) -> None:
+        """Flush to disk (useful after bulk work with ``durable=False``)."""
+        self._require_env().sync(True)
+
+
+def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if size is not None and len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

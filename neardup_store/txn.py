@@ -1,0 +1,637 @@
+"""Read and write transactions: every document operation runs inside one.
+
+A :class:`ReadTxn` is a consistent snapshot: nothing another process commits after it
+began is visible, so a query never sees half of a write. A :class:`WriteTxn` adds the
+writing operations; all of them commit together or not at all. Inputs are validated and
+signatures computed *before* the first write of an operation, and an operation that fails
+after writing has begun poisons the transaction, so a caller that catches the error cannot
+commit half a document.
+
+When the LMDB map fills up, the store grows it and the transaction is redone: every
+operation is logged with its result and replayed in a fresh transaction; if the replay's
+results differ (another process committed in between), the transaction fails with
+:class:`TransactionConflictError` instead of silently changing meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+
+from . import codec
+from .errors import (
+    DuplicateKeyError,
+    InvalidParameterError,
+    KeyNotFoundError,
+    StoreClosedError,
+    TransactionAbortedError,
+    TransactionConflictError,
+)
+from .lsh import band_keys
+from .similarity import hashed_jaccard
+
+if TYPE_CHECKING:
+    from .store import Store
+
+Key = str | bytes
+
+
+@dataclass(frozen=True)
+class Match:
+    """A stored document similar to a query.
+
+    Attributes:
+        key: the stored document's key.
+        score: estimated Jaccard similarity (fraction of equal signature values).
+        exact: exact Jaccard of the shingle sets, when exact verification was asked for.
+    """
+
+    key: Key
+    score: float
+    exact: float | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Document:
+    """A stored document: its key, signature and user metadata."""
+
+    key: Key
+    signature: npt.NDArray[np.uint32]
+    metadata: Any
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Document):
+            return NotImplemented
+        return (
+            self.key == other.key
+            and np.array_equal(self.signature, other.signature)
+            and self.metadata == other.metadata
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Document(key={self.key!r}, signature=<{len(self.signature)} x uint32>, "
+            f"metadata={self.metadata!r})"
+        )
+
+
+@dataclass(frozen=True)
+class UniqueResult:
+    """Outcome of ``add_if_unique``: added, or the near-duplicates that prevented it."""
+
+    key: Key
+    added: bool
+    matches: list[Match]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated document ready to write: nothing here can fail any more."""
+
+    key: Key
+    raw_key: bytes
+    is_str: bool
+    signature: npt.NDArray[np.uint32]
+    band_keys: list[bytes]
+    metadata: bytes | None
+
+    @property
+    def index(self) -> bytes:
+        return codec.key_index(self.raw_key, self.is_str)
+
+
+class ReadTxn:
+    """A consistent snapshot of the store: ``get``, ``query``, iteration, counts."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+        self._store = store
+        self._txn: lmdb.Transaction | None = txn
+        self._cursors: dict[int, lmdb.Cursor] = {}
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @property
+    def txn(self) -> lmdb.Transaction:
+        if self._txn is None:
+            raise StoreClosedError("transaction")
+        return self._txn
+
+    def _band_cursor(self, band: int) -> lmdb.Cursor:
+        cursor = self._cursors.get(band)
+        if cursor is None:
+            cursor = self._cursors[band] = self.txn.cursor(db=self._store._band_dbs[band])
+        return cursor
+
+    def _close(self) -> None:
+        for cursor in self._cursors.values():
+            cursor.close()
+        self._cursors.clear()
+        self._txn = None
+
+    def _lookup(self, key: object) -> tuple[bytes, bytes] | None:
+        """``(id bytes, key index)`` of a stored key, or ``None``."""
+        raw, is_str = codec.key_bytes(key)
+        index = codec.key_index(raw, is_str)
+        found = self.txn.get(index, db=self._store._keys_db)
+        if found is None:
+            return None
+        if len(raw) > codec.INLINE_KEY_BYTES:  # hashed index: confirm against the record
+            record = self.txn.get(found, db=self._store._docs_db)
+            if record is None or codec.record_key(record, codec.decode_id(found)) != (raw, is_str):
+                return None
+        return found, index
+
+    def _record(self, doc_id: bytes) -> bytes:
+        record = self.txn.get(doc_id, db=self._store._docs_db)
+        if record is None:
+            from .errors import CorruptRecordError
+
+            raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
+        return bytes(record)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self.txn.stat(self._store._docs_db)["entries"])
+
+    def __contains__(self, key: object) -> bool:
+        return self._lookup(key) is not None
+
+    def get(self, key: Key) -> Document:
+        """The stored signature and metadata of ``key``.
+
+        Raises:
+            KeyNotFoundError: the key is not stored (also a ``KeyError``).
+        """
+        found = self._lookup(key)
+        if found is None:
+            raise KeyNotFoundError(key)
+        record = codec.decode_record(self._record(found[0]), codec.decode_id(found[0]))
+        return Document(record.key, record.signature, record.metadata)
+
+    def keys(self) -> Iterator[Key]:
+        """Every stored key, in insertion order (of this snapshot)."""
+        with self.txn.cursor(db=self._store._docs_db) as cursor:
+            for raw_id, record in cursor:
+                raw, is_str = codec.record_key(record, codec.decode_id(raw_id))
+                yield raw.decode("utf-8") if is_str else raw
+
+    __iter__ = keys
+
+    def query(
+        self,
+        document: object = None,
+        *,
+        signature: npt.ArrayLike | None = None,
+        threshold: float | None = None,
+        limit: int | None = None,
+        exact: Callable[[Key], str] | None = None,
+        encoding: str | None = None,
+    ) -> list[Match]:
+        """Stored documents similar to ``document`` (text) or to ``signature``.
+
+        Candidates are the documents that share a band key with the query; each is then
+        verified against its stored signature. Matches are sorted best first.
+
+        Args:
+            threshold: minimum estimated Jaccard (default: the store's threshold).
+                Candidates only come from the bands, so a threshold far below the
+                store's misses most of the pairs it would admit.
+            limit: keep at most this many matches.
+            exact: ``key -> text`` of stored documents. Every band candidate is then
+                checked by the exact Jaccard of the shingle sets, which decides
+                membership (reported as ``Match.exact``); needs a text query.
+
+        Raises:
+            InvalidParameterError: bad threshold/limit, or both or neither of document
+                and signature.
+        """
+        if (document is None) == (signature is None):
+            raise InvalidParameterError(
+                "document/signature",
+                "both" if document is not None else "neither",
+                "exactly one of a document text or signature=",
+            )
+        if exact is not None and document is None:
+            raise InvalidParameterError("exact", "with signature=", "a text query")
+        if document is not None:
+            return self.query_many(
+                [document], threshold=threshold, limit=limit, exact=exact, encoding=encoding
+            )[0]
+        sig = self._store._check_signature(signature)
+        return self._query_signatures(sig[None, :], threshold, limit)[0]
+
+    def query_many(
+        self,
+        documents: Iterable[object] | None = None,
+        *,
+        signatures: npt.ArrayLike | None = None,
+        threshold: float | None = None,
+        limit: int | None = None,
+        exact: Callable[[Key], str] | None = None,
+        encoding: str | None = None,
+    ) -> list[list[Match]]:
+        """:meth:`query` for many texts (signed in one batch) or many signatures."""
+        if (documents is None) == (signatures is None):
+            raise InvalidParameterError(
+                "documents/signatures", "both or neither", "exactly one of the two"
+            )
+        if documents is not None:
+            texts = list(documents) if exact is not None else documents
+            sigs = self._store.hasher.signatures(texts, encoding)
+        else:
+            sigs = self._store._check_signatures(signatures)
+            texts = None
+        if exact is None:
+            return self._query_signatures(sigs, threshold, limit)
+        assert texts is not None
+        return self._query_exact(texts, sigs, threshold, limit, exact, encoding)
+
+    def _query_signatures(
+        self,
+        sigs: npt.NDArray[np.uint32],
+        threshold: float | None,
+        limit: int | None,
+    ) -> list[list[Match]]:
+        threshold = self._store._check_threshold(threshold)
+        limit = _check_limit(limit)
+        results = []
+        for sig, keys in zip(sigs, self._band_key_rows(sigs), strict=True):
+            ids = self._candidates(keys)
+            scored = self._verify(sig, ids, threshold)
+            results.append(self._to_matches(scored, limit))
+        return results
+
+    def _query_exact(
+        self,
+        texts: Sequence[object],
+        sigs: npt.NDArray[np.uint32],
+        threshold: float | None,
+        limit: int | None,
+        source: Callable[[Key], str],
+        encoding: str | None,
+    ) -> list[list[Match]]:
+        threshold = self._store._check_threshold(threshold)
+        limit = _check_limit(limit)
+        shingler = self._store.hasher.shingler
+        results = []
+        for text, sig, keys in zip(texts, sigs, self._band_key_rows(sigs), strict=True):
+            mine = shingler.hash_document(text, encoding)
+            found = []
+            for doc_id, score in self._verify(sig, self._candidates(keys), 0.0):
+                key = self._key_of(doc_id)
+                exact = hashed_jaccard(mine, shingler.hash_document(source(key)))
+                if exact >= threshold:
+                    found.append(Match(key, score, exact))
+            found.sort(key=lambda m: (-(m.exact or 0.0), -m.score))
+            results.append(found[:limit] if limit is not None else found)
+        return results
+
+    # -- shared machinery ----------------------------------------------------------------
+
+    def _band_key_rows(self, sigs: npt.NDArray[np.uint32]) -> list[list[bytes]]:
+        store = self._store
+        keys = band_keys(sigs, store.banding, store.config.seed).astype(">u8")
+        return [[k.tobytes() for k in row] for row in keys]
+
+    def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
+        ids: set[bytes] = set()
+        for band, band_key in enumerate(keys):
+            cursor = self._band_cursor(band)
+            if cursor.set_key(band_key):
+                ids.update(cursor.iternext_dup(keys=False, values=True))
+        return ids
+
+    def _verify(
+        self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float
+    ) -> list[tuple[bytes, float]]:
+        ids = sorted(ids)
+        if not ids:
+            return []
+        stored = np.stack(
+            [codec.decode_signature(self._record(i), codec.decode_id(i)) for i in ids]
+        )
+        scores = (stored == sig).mean(axis=1)
+        return [(i, float(s)) for i, s in zip(ids, scores, strict=True) if s >= threshold]
+
+    def _key_of(self, doc_id: bytes) -> Key:
+        raw, is_str = codec.record_key(self._record(doc_id), codec.decode_id(doc_id))
+        return raw.decode("utf-8") if is_str else raw
+
+    def _to_matches(self, scored: list[tuple[bytes, float]], limit: int | None) -> list[Match]:
+        scored.sort(key=lambda item: (-item[1], item[0]))
+        if limit is not None:
+            scored = scored[:limit]
+        return [Match(self._key_of(doc_id), score) for doc_id, score in scored]
+
+
+def _check_limit(limit: int | None) -> int | None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidParameterError("limit", limit, "a positive integer or None")
+    return limit
+
+
+class WriteTxn(ReadTxn):
+    """A read transaction that can also add and remove documents (see module docstring)."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+        super().__init__(store, txn)
+        self._log: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]] = []
+        self._poisoned: str | None = None
+        self._next_id: int | None = None
+        self._replaying = False
+
+    # Reads inside a write transaction are logged too: after a replay they must still say
+    # what the caller based its writes on.
+    def get(self, key: Key) -> Document:
+        return self._run(super().get, key)  # type: ignore[no-any-return]
+
+    def _query_signatures(
+        self, sigs: npt.NDArray[np.uint32], threshold: float | None, limit: int | None
+    ) -> list[list[Match]]:
+        return self._run(super()._query_signatures, sigs, threshold, limit)  # type: ignore[no-any-return]
+
+    # -- the operation log and map growth ----------------------------------------------------
+
+    def _run(self, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._poisoned is not None:
+            raise TransactionAbortedError(self._poisoned)
+        while True:
+            try:
+                result = operation(*args, **kwargs)
+            except lmdb.MapFullError:
+                self._redo_after_growth()
+                continue
+            self._log.append((operation, args, kwargs, _fingerprint(result)))
+            return result
+
+    def _redo_after_growth(self) -> None:
+        """Abort, grow the map, and replay every logged operation in a new transaction."""
+        self._close_txn(commit=False)
+        self._txn = self._store._grow_and_begin_write()
+        self._next_id = None
+        for operation, args, kwargs, expected in self._log:
+            try:
+                again = _fingerprint(operation(*args, **kwargs))
+            except lmdb.MapFullError:
+                return self._redo_after_growth()
+            except Exception as err:
+                self._close_txn(commit=False)
+                raise TransactionConflictError(f"{type(err).__name__}: {err}") from err
+            if again != expected:
+                self._close_txn(commit=False)
+                raise TransactionConflictError(f"{operation.__name__} returned {again!r}")
+        return None
+
+    def _close_txn(self, commit: bool) -> None:
+        for cursor in self._cursors.values():
+            cursor.close()
+        self._cursors.clear()
+        if self._txn is not None:
+            if commit:
+                self._txn.commit()
+            else:
+                self._txn.abort()
+            self._txn = None
+
+    def _writing(self) -> _Poisoner:
+        return _Poisoner(self)
+
+    def _finish(self, commit: bool) -> None:
+        """Commit (growing the map and replaying if the commit needs room) or abort."""
+        if commit and self._poisoned is not None:
+            self._close_txn(commit=False)
+            raise TransactionAbortedError(self._poisoned)
+        if not commit:
+            self._close_txn(commit=False)
+            return
+        while True:
+            try:
+                self._store._write_counters(self)
+                self._close_txn(commit=True)
+                return
+            except lmdb.MapFullError:
+                self._txn = None  # LMDB aborted it
+                self._redo_after_growth()
+
+    def _allocate_id(self) -> bytes:
+        if self._next_id is None:
+            self._next_id = self._store._read_meta(self.txn, "next_doc_id")
+        doc_id, self._next_id = self._next_id, self._next_id + 1
+        return codec.encode_id(doc_id)
+
+    # -- preparing (validation and signatures; no writes) --------------------------------------
+
+    def _prepare(
+        self,
+        items: Sequence[tuple[object, object, object]],
+        signatures: npt.NDArray[np.uint32] | None = None,
+        encoding: str | None = None,
+    ) -> list[_Prepared]:
+        """Validate keys and metadata and compute signatures and band keys for a batch."""
+        checked = [codec.key_bytes(key) for key, _, _ in items]
+        metadata = [codec.pack_metadata(meta) for _, _, meta in items]
+        if signatures is None:
+            signatures = self._store.hasher.signatures([text for _, text, _ in items], encoding)
+        band_rows = self._band_key_rows(signatures) if len(items) else []
+        return [
+            _Prepared(key, raw, is_str, sig, rows, meta)
+            for (key, _, _), (raw, is_str), sig, rows, meta in zip(
+                items, checked, signatures, band_rows, metadata, strict=True
+            )
+        ]
+
+    # -- writing primitives -------------------------------------------------------------------
+
+    def _insert(self, doc: _Prepared) -> None:
+        store, txn = self._store, self.txn
+        doc_id = self._allocate_id()
+        record = codec.encode_record(doc.raw_key, doc.is_str, doc.signature, doc.metadata)
+        with self._writing():
+            txn.put(doc_id, record, db=store._docs_db, append=True)
+            txn.put(doc.index, doc_id, db=store._keys_db)
+            for band, band_key in enumerate(doc.band_keys):
+                txn.put(band_key, doc_id, db=store._band_dbs[band], dupdata=True)
+
+    def _delete(self, doc_id: bytes, index: bytes) -> None:
+        store, txn = self._store, self.txn
+        sig = codec.decode_signature(self._record(doc_id), codec.decode_id(doc_id))
+        (keys,) = self._band_key_rows(sig[None, :])
+        with self._writing():
+            for band, band_key in enumerate(keys):
+                txn.delete(band_key, doc_id, db=store._band_dbs[band])
+            txn.delete(doc_id, db=store._docs_db)
+            txn.delete(index, db=store._keys_db)
+
+    def _store_prepared(self, doc: _Prepared, replace: bool) -> bool:
+        existing = self.txn.get(doc.index, db=self._store._keys_db)
+        if existing is not None:
+            if not replace:
+                raise DuplicateKeyError(doc.key)
+            self._delete(bytes(existing), doc.index)
+        self._insert(doc)
+        return existing is not None
+
+    # -- public writing operations --------------------------------------------------------------
+
+    def add(
+        self,
+        key: Key,
+        document: object = None,
+        *,
+        signature: npt.ArrayLike | None = None,
+        metadata: Any = None,
+        replace: bool = False,
+        encoding: str | None = None,
+    ) -> bool:
+        """Add one document by text or by precomputed ``signature``.
+
+        Returns:
+            True if an existing document with this key was replaced.
+
+        Raises:
+            DuplicateKeyError: the key exists and ``replace`` is false.
+            InvalidKeyError / MetadataError / InputTypeError / EmptyDocumentError: bad input
+                (nothing is written).
+        """
+        self._store._check_writable()
+        if (document is None) == (signature is None):
+            raise InvalidParameterError(
+                "document/signature", "both or neither", "exactly one of text or signature="
+            )
+        sigs = None if signature is None else self._store._check_signature(signature)[None, :]
+        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding)
+        return bool(self._run(self._store_prepared, doc, replace))
+
+    def add_many(
+        self,
+        items: Iterable[tuple[Key, object] | tuple[Key, object, Any]],
+        *,
+        replace: bool = False,
+        encoding: str | None = None,
+    ) -> int:
+        """Add ``(key, text)`` or ``(key, text, metadata)`` items, signed as one batch.
+
+        Every item is validated before anything is written. Returns the number added.
+        """
+        self._store._check_writable()
+        batch = [_item(entry) for entry in items]
+        seen: set[bytes] = set()
+        prepared = self._prepare(batch, encoding=encoding)
+        for doc in prepared:
+            if doc.index in seen and not replace:
+                raise DuplicateKeyError(doc.key)
+            seen.add(doc.index)
+        for doc in prepared:
+            self._run(self._store_prepared, doc, replace)
+        return len(prepared)
+
+    def _remove_one(self, key: Key, missing_ok: bool) -> bool:
+        found = self._lookup(key)
+        if found is None:
+            if missing_ok:
+                return False
+            raise KeyNotFoundError(key)
+        self._delete(*found)
+        return True
+
+    def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
+        """Remove a document. Returns False if it was absent and ``missing_ok``.
+
+        Raises:
+            KeyNotFoundError: the key is not stored and ``missing_ok`` is false.
+        """
+        self._store._check_writable()
+        codec.key_bytes(key)
+        return bool(self._run(self._remove_one, key, missing_ok))
+
+    def remove_many(self, keys: Iterable[Key], *, missing_ok: bool = False) -> int:
+        """Remove many documents; returns how many were removed."""
+        self._store._check_writable()
+        keys = list(keys)
+        for key in keys:
+            codec.key_bytes(key)
+        return sum(bool(self._run(self._remove_one, key, missing_ok)) for key in keys)
+
+    def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
+        if self.txn.get(doc.index, db=self._store._keys_db) is not None:
+            raise DuplicateKeyError(doc.key)
+        scored = self._verify(doc.signature, self._candidates(doc.band_keys), threshold)
+        if scored:
+            return UniqueResult(doc.key, False, self._to_matches(scored, None))
+        self._insert(doc)
+        return UniqueResult(doc.key, True, [])
+
+    def add_if_unique(
+        self,
+        key: Key,
+        document: object = None,
+        *,
+        signature: npt.ArrayLike | None = None,
+        threshold: float | None = None,
+        metadata: Any = None,
+        encoding: str | None = None,
+    ) -> UniqueResult:
+        """Add the document unless near-duplicates are stored; report them if so."""
+        self._store._check_writable()
+        if (document is None) == (signature is None):
+            raise InvalidParameterError(
+                "document/signature", "both or neither", "exactly one of text or signature="
+            )
+        threshold = self._store._check_threshold(threshold)
+        sigs = None if signature is None else self._store._check_signature(signature)[None, :]
+        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding)
+        result: UniqueResult = self._run(self._add_unique, doc, threshold)
+        return result
+
+    def add_many_if_unique(
+        self,
+        items: Iterable[tuple[Key, object] | tuple[Key, object, Any]],
+        *,
+        threshold: float | None = None,
+        encoding: str | None = None,
+    ) -> list[UniqueResult]:
+        """:meth:`add_if_unique` for a batch, in order: an item that near-duplicates an
+        earlier item of the same batch is not added (the earlier one is its match)."""
+        self._store._check_writable()
+        threshold = self._store._check_threshold(threshold)
+        prepared = self._prepare([_item(entry) for entry in items], encoding=encoding)
+        return [self._run(self._add_unique, doc, threshold) for doc in prepared]
+
+
+class _Poisoner:
+    """Marks the transaction unusable if the block raises after writes began."""
+
+    def __init__(self, owner: WriteTxn) -> None:
+        self._owner = owner
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        if kind is not None and not issubclass(kind, lmdb.MapFullError):
+            self._owner._poisoned = f"{kind.__name__}: {error}"
+
+
+def _item(entry: object) -> tuple[object, object, object]:
+    if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
+        raise InvalidParameterError("item", entry, "a (key, text) or (key, text, metadata) tuple")
+    return (entry[0], entry[1], entry[2] if len(entry) == 3 else None)
+
+
+def _fingerprint(result: Any) -> Any:
+    """A comparable summary of an operation's result, for replay checks."""
+    if isinstance(result, Document):
+        return (result.key, result.signature.tobytes(), repr(result.metadata))
+    if isinstance(result, list):
+        return tuple(_fingerprint(r) for r in result)
+    return result
