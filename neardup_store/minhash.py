@@ -23,14 +23,14 @@ value ``2**32 - 1``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidParameterError
+from .errors import BatchTypeError, InvalidParameterError
 from .hashing import BLOCK, U64, derive_keys, fmix64, high_bits_below
 from .text import ShingleBatch, ShingleConfig, Shingler
 
@@ -39,6 +39,8 @@ SCHEMES: tuple[str, ...] = ("oph", "kperm")
 EMPTY_VALUE = np.uint32(0xFFFFFFFF)
 MAX_NUM_PERM = 8192
 
+_CHUNK_CHARACTERS = 1 << 20  # texts per internal batch: big enough to amortise, small
+# enough that the batch's arrays stay in cache (larger batches measured slower)
 _KPERM_BLOCK_ROWS = 512  # shingles per block: keeps the block's work matrix in cache
 _EMPTY_BIN = U64(1 << 32)  # above every 32-bit value, marks a bin no shingle fell into
 
@@ -92,6 +94,18 @@ class MinHashConfig:
         )
 
 
+def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` ranges of documents holding about ``_CHUNK_CHARACTERS`` characters."""
+    lo, size = 0, 0
+    for i, doc in enumerate(documents):
+        size += len(doc) if isinstance(doc, (str, bytes, bytearray)) else 1
+        if size >= _CHUNK_CHARACTERS:
+            yield lo, i + 1
+            lo, size = i + 1, 0
+    if lo < len(documents):
+        yield lo, len(documents)
+
+
 class MinHasher:
     """Computes signatures for one :class:`MinHashConfig`.
 
@@ -134,7 +148,18 @@ class MinHasher:
             TextDecodeError: bytes are invalid in ``encoding``.
             EmptyDocumentError: a document has no shingles and empties are not allowed.
         """
-        return self.signatures_from_hashes(self.shingler.hash_batch(documents, encoding))
+        if isinstance(documents, (str, bytes, bytearray, memoryview)) or not isinstance(
+            documents, Iterable
+        ):
+            raise BatchTypeError(documents)
+        docs = list(documents)
+        parts = [
+            self.signatures_from_hashes(self.shingler.hash_batch(docs[lo:hi], encoding, lo))
+            for lo, hi in _chunks(docs)
+        ]
+        if not parts:
+            return np.empty((0, self.num_perm), dtype=np.uint32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def signatures_from_hashes(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
         """Signatures from precomputed 64-bit shingle hashes (one row per document)."""

@@ -195,7 +195,7 @@ def _units(text: str, config: ShingleConfig) -> list[str]:
 def shingle_strings(text: str, config: ShingleConfig = ShingleConfig()) -> list[str]:
     """The shingles of one document as strings, in order, with repeats (for inspection).
 
-    This is the readable twin of :func:`shingle_hashes` and follows the same rules; word
+    This is the readable twin of :meth:`Shingler.hash_batch` and follows the same rules; word
     shingles are joined with one blank. It runs in Python, so it is not for bulk work.
     """
     norm = normalize(as_text(text), config)
@@ -251,8 +251,13 @@ class Shingler:
         if config.kind == "stopword":
             self._stop_hashes = np.unique(self._hash_words(list(_STOP_FORMS)))
 
-    def hash_batch(self, documents: Iterable[object], encoding: str | None = None) -> ShingleBatch:
+    def hash_batch(
+        self, documents: Iterable[object], encoding: str | None = None, start_index: int = 0
+    ) -> ShingleBatch:
         """Shingle hashes of many documents at once (sets, or labelled bags).
+
+        ``start_index`` is the number of the first document, used in error messages when
+        the batch is part of a larger one.
 
         Raises:
             BatchTypeError: ``documents`` is a single str/bytes or not iterable.
@@ -266,17 +271,17 @@ class Shingler:
             raise BatchTypeError(documents)
         texts = [
             normalize(as_text(doc, encoding, index), self.config)
-            for index, doc in enumerate(documents)
+            for index, doc in enumerate(documents, start_index)
         ]
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         codes = _code_points("".join(texts))
         doc_starts = _bounds(lengths)
         if self.config.kind == "char":
-            self._check_empty(lengths)
+            self._check_empty(lengths, start_index)
             hashes, counts = self._char_shingles(codes, doc_starts)
         else:
             words, word_bounds = self._words(codes, doc_starts)
-            self._check_empty(np.diff(word_bounds))
+            self._check_empty(np.diff(word_bounds), start_index)
             starts, ends, owners = self._word_shingle_spans(words, word_bounds)
             hashes = span_hashes(words, starts, ends, self._shingle_key)
             counts = np.bincount(owners, minlength=len(texts))
@@ -316,10 +321,10 @@ class Shingler:
         words = span_hashes(codes, word_starts, word_ends, self._word_key)
         return words, np.searchsorted(word_starts, doc_starts).astype(np.int64)
 
-    def _check_empty(self, unit_counts: npt.NDArray[np.int64]) -> None:
+    def _check_empty(self, unit_counts: npt.NDArray[np.int64], start_index: int) -> None:
         empty = np.flatnonzero(unit_counts == 0)
         if len(empty) and not self.config.allow_empty:
-            raise EmptyDocumentError(int(empty[0]))
+            raise EmptyDocumentError(start_index + int(empty[0]))
 
     def _char_shingles(
         self, codes: npt.NDArray[np.uint32], doc_starts: npt.NDArray[np.int64]

@@ -207,3 +207,18 @@ def test_configuration_objects_are_type_checked() -> None:
         Shingler({"kind": "char"})  # type: ignore[arg-type]
     with pytest.raises(InvalidParameterError, match=r"^params="):
         nd.band_keys(MinHasher().signatures(["abcdef"]), (9, 13))  # type: ignore[arg-type]
+
+
+def test_batches_larger_than_one_internal_chunk() -> None:
+    """Large batches are signed in internal chunks; results and error positions must not
+    depend on where the chunks fall."""
+    rng = random.Random(2)
+    texts = ["".join(rng.choices("abcdefghij ", k=450_000)) for _ in range(3)] + ["short one"]
+    hasher = MinHasher()
+    batch = hasher.signatures(texts)
+    for i, text in enumerate(texts):
+        assert np.array_equal(batch[i], hasher.signature(text))
+    with pytest.raises(EmptyDocumentError) as info:
+        hasher.signatures([*texts, "   "])
+    assert info.value.index == 4
+    assert hasher.signatures([]).shape == (0, 128)
