@@ -60,23 +60,38 @@ def cli() -> None:
 @click.option(
     "--scheme", default="oph", show_default=True, type=click.Choice(SCHEMES), help="MinHash scheme."
 )
+@click.option(
+    "--path",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the demo store here (a new directory) instead of a temporary one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 def demo(
-    docs: int, groups: int, seed: int, threshold: float, num_perm: int, scheme: str, as_json: bool
+    docs: int,
+    groups: int,
+    seed: int,
+    threshold: float,
+    num_perm: int,
+    scheme: str,
+    path: str | None,
+    as_json: bool,
 ) -> None:
     """Find near-duplicates in a generated sample corpus (no data needed).
 
     The corpus is made by neardup_store itself, deterministically from --seed, with
-    planted near-duplicate groups; the command signs it, bands the signatures, verifies
-    the candidates and prints the groups it found next to what was planted.
+    planted near-duplicate groups; the command indexes it in a real store (temporary
+    unless --path is given), reads back the store's near-duplicate clusters and prints
+    them next to what was planted.
 
     \b
     Example:
         neardup-admin demo
         neardup-admin demo --docs 2000 --threshold 0.8 --json
+        neardup-admin demo --path ./demo.ndx
     """
     config = MinHashConfig(num_perm=num_perm, scheme=scheme)  # type: ignore[arg-type]
-    result = run_demo(docs, groups, seed, threshold, config)
+    result = run_demo(docs, groups, seed, threshold, config, path)
     if as_json:
         _print_demo_json(result)
     else:
@@ -92,6 +107,8 @@ def _print_demo_table(result: DemoResult) -> None:
         f"false positives {p.false_positive_rate(result.threshold):.2%}, "
         f"false negatives {p.false_negative_rate(result.threshold):.2%})"
     )
+    where = result.store_path or "a temporary store"
+    click.echo(f"Indexed in {where} ({result.store_bytes / 1e6:.1f} MB on disk).")
     click.echo()
     width = max((len(k) for g in result.groups for k in g.keys), default=8)
     click.echo(f"{'group':>5}  {'key':<{width}}  est. Jaccard to first")
@@ -119,6 +136,8 @@ def _print_demo_json(result: DemoResult) -> None:
             "groups_found": len(result.groups),
             "planted_groups": len(result.planted),
             "planted_found_exactly": result.exact_matches,
+            "store_path": result.store_path,
+            "store_bytes": result.store_bytes,
         }
     }
     click.echo(json.dumps(summary))

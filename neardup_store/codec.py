@@ -104,7 +104,9 @@ def decode_id(raw: bytes) -> int:
 
 def encode_band_keys(keys: npt.NDArray[np.uint64]) -> list[bytes]:
     """Band keys as 8-byte big-endian table keys."""
-    return [k.tobytes() for k in keys.astype(">u8")]
+    # Not ``k.tobytes()`` per element: numpy scalars are always native (little-endian) order.
+    raw = np.ascontiguousarray(keys, dtype=">u8").tobytes()
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
 
 def key_bytes(key: object) -> tuple[bytes, bool]:
@@ -155,6 +157,10 @@ def pack_metadata(metadata: object) -> bytes | None:
         raise MetadataError(
             f"it encodes to {len(packed)} bytes; metadata is at most {MAX_METADATA_BYTES} bytes"
         )
+    try:  # the safe decoder rejects some encodable values (maps with int or tuple keys)
+        _unpack(packed)
+    except ValueError as err:
+        raise MetadataError(f"it would not read back ({err})") from None
     return packed
 
 
@@ -211,8 +217,11 @@ def decode_record(data: bytes, doc_id: int | None = None) -> DocumentRecord:
         CorruptRecordError: checksum mismatch, unknown record version or bad lengths.
     """
     flags, _, raw_key, signature, metadata = _split_record(data, doc_id)
-    key: str | bytes = raw_key.decode("utf-8") if flags & _FLAG_STR_KEY else raw_key
-    meta = _unpack(metadata) if flags & _FLAG_METADATA else None
+    try:  # msgpack's and UTF-8's decoding errors are all ValueErrors
+        key: str | bytes = raw_key.decode("utf-8") if flags & _FLAG_STR_KEY else raw_key
+        meta = _unpack(metadata) if flags & _FLAG_METADATA else None
+    except ValueError as err:
+        raise CorruptRecordError(doc_id, f"undecodable key or metadata ({err})") from None
     return DocumentRecord(key, np.frombuffer(signature, dtype="<u4").astype(np.uint32), meta)
 
 

@@ -8,13 +8,18 @@ Jaccard similarity to the original spans roughly 0.75–0.97.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
-from .clusters import duplicate_groups
-from .lsh import LSHParams, choose_params
-from .minhash import MinHashConfig, MinHasher
+from .errors import InvalidParameterError
+from .lsh import LSHParams
+from .minhash import MinHashConfig
 from .similarity import estimate_jaccard
+from .store import Store
 
 _SYLLABLES = (
     "ka ri to mes lan dor vi sen ul pra the gos min ar bel fi nor es tu qua lo red "
@@ -111,6 +116,8 @@ class DemoResult:
     document_count: int
     groups: list[DemoGroup]
     planted: list[list[str]]
+    store_path: str | None
+    store_bytes: int
 
     @property
     def exact_matches(self) -> int:
@@ -125,15 +132,50 @@ def run_demo(
     seed: int = 7,
     threshold: float = 0.7,
     config: MinHashConfig = MinHashConfig(),
+    path: str | os.PathLike[str] | None = None,
 ) -> DemoResult:
-    """Generate the corpus, sign it in one batch, band, verify and group."""
+    """Generate the corpus, index it in a real store, and read back its clusters.
+
+    The store lives in a temporary directory, or at ``path`` (which must not hold a store
+    yet) when the caller wants to keep it.
+    """
     corpus = make_corpus(documents, planted_groups, seed)
-    keys = list(corpus.documents)
-    signatures = MinHasher(config).signatures(corpus.documents.values())
-    params = choose_params(threshold, config.num_perm)
-    groups = []
-    for members in duplicate_groups(signatures, params, threshold, config.seed):
-        head = signatures[members[0]]
-        sims = [float(estimate_jaccard(head, signatures[m])) for m in members]
-        groups.append(DemoGroup([keys[m] for m in members], sims))
-    return DemoResult(config, params, threshold, len(keys), groups, corpus.planted)
+    with contextlib.ExitStack() as stack:
+        where = (
+            Path(path)
+            if path is not None
+            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="neardup-demo-")))
+            / "store"
+        )
+        if (where / "data.mdb").exists():
+            raise InvalidParameterError("path", str(where), "a new or empty directory")
+        store = stack.enter_context(
+            Store.open(
+                where,
+                create=True,
+                threshold=threshold,
+                num_perm=config.num_perm,
+                scheme=config.scheme,
+                seed=config.seed,
+                shingles=config.shingles,
+            )
+        )
+        store.add_many(corpus.documents.items())
+        groups = []
+        with store.read() as txn:
+            for members in store.clusters():
+                head = txn.get(members[0]).signature
+                sims = [float(estimate_jaccard(head, txn.get(m).signature)) for m in members]
+                groups.append(DemoGroup([str(m) for m in members], sims))
+        size = (where / "data.mdb").stat().st_size
+        params = store.banding
+    return DemoResult(
+        config,
+        params,
+        threshold,
+        len(corpus.documents),
+        groups,
+        corpus.planted,
+        None if path is None else str(where),
+        size,
+    )

@@ -198,8 +198,11 @@ class ForkedStoreError(NeardupError, RuntimeError):
 
     def __init__(self, path: str) -> None:
         super().__init__(
-            f"{path}: this store object was opened in another process (before a fork); "
-            "open the store again in this process"
+            f"{path}: this store object belongs to the process that opened it, not to this "
+            "forked child; open the store in each worker after it starts (use "
+            "multiprocessing's 'spawn' or 'forkserver' start method, or fork before the "
+            "parent opens the store: py-lmdb refuses to reopen an environment that a "
+            "forked child inherited open)"
         )
         self.path = path
 

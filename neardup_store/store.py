@@ -13,8 +13,10 @@ Operational rules the store enforces:
   is recorded, so a later open never shrinks it.
 * Committed means synced to disk, unless the store was opened with ``durable=False``
   (bulk loads): then a commit survives a crash of the process but not of the machine.
-* A store object belongs to the process that opened it: after ``fork()`` the child must
-  open its own (using the parent's raises :class:`ForkedStoreError`).
+* A store object belongs to the process that opened it: using it in a forked child
+  raises :class:`ForkedStoreError` (LMDB environments must not cross ``fork()``). Workers
+  open their own store; py-lmdb refuses to open an environment a forked child inherited
+  open, so start workers with ``spawn``/``forkserver``, or fork before opening.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import lmdb
 import numpy as np
@@ -42,6 +44,7 @@ from .errors import (
     NotAStoreError,
     ParamsMismatchError,
     ReadOnlyError,
+    StoreBusyError,
     StoreClosedError,
     StoreFullError,
     StoreNotFoundError,
@@ -51,9 +54,13 @@ from .minhash import MinHashConfig, MinHasher
 from .text import ShingleConfig
 from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn
 
+if TYPE_CHECKING:
+    from . import maintenance  # imported when called: it builds on this module
+
 DEFAULT_MAP_SIZE = 1 << 30
 """Initial map size (1 GiB of address space; the file only grows with its data)."""
 MIN_FREE_FRACTION = 0.25
+RESIZE_WAIT_S = 60.0
 LOCK_FILE = "neardup.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
@@ -142,7 +149,11 @@ class Store:
         self._pid = os.getpid()
         self._env: lmdb.Environment | None = None
         self._lock_fd: int | None = None
-        self._grow_lock = threading.RLock()
+        # Map growth must not pull the map from under this process's open transactions.
+        self._readers_done = threading.Condition(threading.RLock())
+        self._active_readers = 0
+        self._thread_state = threading.local()
+        self.map_epoch = 0
         self.params: StoreParams
         self.hasher: MinHasher
         self._band_dbs: list[Any] = []
@@ -222,6 +233,10 @@ class Store:
                 create=not self.read_only,
             )
         except lmdb.Error as err:
+            if "already open in this process" in str(err):
+                raise StoreBusyError(
+                    str(self.path), "open a second Store on it in this process (reuse the open one)"
+                ) from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
         env.reader_check()  # slots left by killed processes
         return env
@@ -267,7 +282,8 @@ class Store:
             probe.close()
         params = self._params_from_meta(meta)
         self._check_asked(params, asked)
-        size = max(map_size or 0, int(meta.get("map_size", 0)), DEFAULT_MAP_SIZE)
+        # An explicit map_size is honoured as at creation, but never below the size reached.
+        size = max(map_size or DEFAULT_MAP_SIZE, int(meta.get("map_size", 0)))
         self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
         self._attach(params, generation=int(meta["banding"]["generation"]))
 
@@ -281,7 +297,10 @@ class Store:
         except lmdb.Error as err:
             raise NotAStoreError(str(self.path), f"unreadable: {err}") from None
         with env.begin(db=meta_db) as txn:
-            meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
+            try:  # UTF-8 and msgpack decoding errors are ValueErrors
+                meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
+            except ValueError as err:
+                raise NotAStoreError(str(self.path), f"undecodable meta table ({err})") from None
         if meta.get("format") != codec.FORMAT_NAME:
             raise NotAStoreError(str(self.path), "its meta table does not mark a neardup_store")
         if meta.get("format_version") != codec.FORMAT_VERSION:
@@ -383,39 +402,81 @@ class Store:
             try:
                 return env.begin(write=write)
             except lmdb.MapResizedError:
-                env.set_mapsize(0)  # another process grew the map: adopt its size
+                self._resize(0)  # another process grew the map: adopt its size
             except lmdb.ReadersFullError:
                 if attempt:
                     raise
                 env.reader_check()
         return env.begin(write=write)
 
+    def _resize(self, size: int) -> None:
+        """Set the map size (0: adopt the file's), once this process's other readers end.
+
+        py-lmdb invalidates every open transaction of the environment when the map size
+        changes, so growth waits for read transactions of other threads to finish. A read
+        transaction of the calling thread itself cannot be waited for: it is marked stale
+        and its next use raises :class:`StoreClosedError` instead of a raw LMDB error.
+        """
+        env = self._require_env()
+        with self._readers_done:
+            own = getattr(self._thread_state, "readers", 0)
+            if not self._readers_done.wait_for(
+                lambda: self._active_readers <= own, timeout=RESIZE_WAIT_S
+            ):
+                raise StoreBusyError(str(self.path), "grow the map while reads are running")
+            env.set_mapsize(size)
+            self.map_epoch += 1
+
+    @contextmanager
+    def _tracked(self, write: bool) -> Iterator[lmdb.Transaction]:
+        """Begin a transaction counted as active, so :meth:`_resize` waits for it."""
+        while True:
+            epoch = self.map_epoch
+            txn = self._begin(write)  # outside the lock: a write begin may block
+            with self._readers_done:
+                if epoch == self.map_epoch:
+                    self._active_readers += 1
+                    break
+            txn.abort()  # the map changed while it began: begin again
+        state = self._thread_state
+        state.readers = getattr(state, "readers", 0) + 1
+        try:
+            yield txn
+        finally:
+            with self._readers_done:
+                self._active_readers -= 1
+                state.readers -= 1
+                self._readers_done.notify_all()
+
     @contextmanager
     def read(self) -> Iterator[ReadTxn]:
         """A consistent read snapshot; use it with ``with``."""
-        txn = self._begin(write=False)
-        reader = ReadTxn(self, txn)
-        try:
-            yield reader
-        finally:
-            reader._close()
-            txn.abort()
+        with self._tracked(write=False) as txn:
+            reader = ReadTxn(self, txn)
+            try:
+                yield reader
+            finally:
+                stale = reader.epoch != self.map_epoch
+                reader._close()
+                if not stale:
+                    txn.abort()
 
     @contextmanager
     def write(self) -> Iterator[WriteTxn]:
         """A write transaction: commits on a clean exit, rolls back if the block raises."""
         self._check_writable()
         self._ensure_headroom()
-        writer = WriteTxn(self, self._begin(write=True))
-        try:
-            yield writer
-        except BaseException:
-            writer._finish(commit=False)
-            raise
-        try:
-            writer._finish(commit=True)
-        except lmdb.Error as err:
-            raise self._translate(err) from err
+        with self._tracked(write=True) as txn:
+            writer = WriteTxn(self, txn)
+            try:
+                yield writer
+            except BaseException:
+                writer._finish(commit=False)
+                raise
+            try:
+                writer._finish(commit=True)
+            except lmdb.Error as err:
+                raise self._translate(err) from err
 
     def _translate(self, err: lmdb.Error) -> Exception:
         code = getattr(err, "errno", None)
@@ -432,13 +493,11 @@ class Store:
         env = self._require_env()
         size = int(env.info()["map_size"])
         if self._used_bytes() > (1 - MIN_FREE_FRACTION) * size:
-            with self._grow_lock:
-                env.set_mapsize(2 * size)
+            self._resize(2 * size)
 
     def _grow_and_begin_write(self) -> lmdb.Transaction:
         env = self._require_env()
-        with self._grow_lock:
-            env.set_mapsize(max(2 * int(env.info()["map_size"]), 2 * self._used_bytes()))
+        self._resize(max(2 * int(env.info()["map_size"]), 2 * self._used_bytes()))
         return self._begin(write=True)
 
     def _read_meta(self, txn: lmdb.Transaction, name: str) -> Any:
@@ -576,7 +635,77 @@ class Store:
 
     def sync(self) -> None:
         """Flush to disk (useful after bulk work with ``durable=False``)."""
-        self._require_env().sync(True)
+        env = self._require_env()
+        if not self.read_only:  # nothing to flush, and LMDB refuses with EACCES
+            env.sync(True)
+
+    # -- maintenance (see maintenance.py) --
+    # Thin delegations; the work and the documentation live in maintenance.py.
+
+    def pairs(self, threshold: float | None = None) -> Iterator[maintenance.Pair]:
+        """See :func:`maintenance.pairs`."""
+        from . import maintenance
+
+        return maintenance.pairs(self, threshold)
+
+    def clusters(self, threshold: float | None = None) -> list[list[Key]]:
+        """See :func:`maintenance.clusters`."""
+        from . import maintenance
+
+        return maintenance.clusters(self, threshold)
+
+    def stats(self, largest: int = 5) -> maintenance.StoreStats:
+        """See :func:`maintenance.stats`."""
+        from . import maintenance
+
+        return maintenance.stats(self, largest)
+
+    def check(self, repair: bool = False) -> maintenance.CheckReport:
+        """See :func:`maintenance.check`."""
+        from . import maintenance
+
+        return maintenance.check(self, repair)
+
+    def compact(self, dry_run: bool = False) -> maintenance.CompactReport:
+        """See :func:`maintenance.compact`."""
+        from . import maintenance
+
+        return maintenance.compact(self, dry_run)
+
+    def rebuild(
+        self, threshold: float | None = None, bands: int | None = None, rows: int | None = None
+    ) -> maintenance.RebuildReport:
+        """See :func:`maintenance.rebuild`."""
+        from . import maintenance
+
+        return maintenance.rebuild(self, threshold, bands, rows)
+
+    def export(self, stream: IO[bytes]) -> int:
+        """See :func:`maintenance.export`."""
+        from . import maintenance
+
+        return maintenance.export(self, stream)
+
+    def import_(self, stream: IO[bytes], **options: Any) -> int:
+        """See :func:`maintenance.import_`."""
+        from . import maintenance
+
+        return maintenance.import_(self, stream, **options)
+
+    def backup(self, path: str | os.PathLike[str]) -> maintenance.BackupReport:
+        """See :func:`maintenance.backup`."""
+        from . import maintenance
+
+        return maintenance.backup(self, path)
+
+    @classmethod
+    def create_from_export(
+        cls, path: str | os.PathLike[str], stream: IO[bytes], **options: Any
+    ) -> Store:
+        """See :func:`maintenance.create_from_export`."""
+        from . import maintenance
+
+        return maintenance.create_from_export(path, stream, **options)
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:

@@ -114,6 +114,7 @@ class ReadTxn:
         self._store = store
         self._txn: lmdb.Transaction | None = txn
         self._cursors: dict[int, lmdb.Cursor] = {}
+        self.epoch = store.map_epoch
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -121,6 +122,10 @@ class ReadTxn:
     def txn(self) -> lmdb.Transaction:
         if self._txn is None:
             raise StoreClosedError("transaction")
+        if self.epoch != self._store.map_epoch:
+            raise StoreClosedError(
+                "read transaction (the map grew while it was open, which ends it; begin a new one)"
+            )
         return self._txn
 
     def _band_cursor(self, band: int) -> lmdb.Cursor:
@@ -298,8 +303,8 @@ class ReadTxn:
 
     def _band_key_rows(self, sigs: npt.NDArray[np.uint32]) -> list[list[bytes]]:
         store = self._store
-        keys = band_keys(sigs, store.banding, store.config.seed).astype(">u8")
-        return [[k.tobytes() for k in row] for row in keys]
+        keys = band_keys(sigs, store.banding, store.config.seed)
+        return [codec.encode_band_keys(row) for row in keys]
 
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
         ids: set[bytes] = set()
@@ -376,6 +381,7 @@ class WriteTxn(ReadTxn):
         """Abort, grow the map, and replay every logged operation in a new transaction."""
         self._close_txn(commit=False)
         self._txn = self._store._grow_and_begin_write()
+        self.epoch = self._store.map_epoch
         self._next_id = None
         for operation, args, kwargs, expected in self._log:
             try:
@@ -418,7 +424,8 @@ class WriteTxn(ReadTxn):
                 self._close_txn(commit=True)
                 return
             except lmdb.MapFullError:
-                self._txn = None  # LMDB aborted it
+                # The txn is still open if a put failed (a failed commit already ended it;
+                # aborting it again is harmless): the redo must abort it before growing.
                 self._redo_after_growth()
 
     def _allocate_id(self) -> bytes:
@@ -523,15 +530,20 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         batch = [_item(entry) for entry in items]
-        seen: set[bytes] = set()
         prepared = self._prepare(batch, encoding=encoding)
-        for doc in prepared:
-            if doc.index in seen and not replace:
-                raise DuplicateKeyError(doc.key)
-            seen.add(doc.index)
+        if not replace:
+            self._check_new_keys(prepared)
         for doc in prepared:
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
+
+    def _check_new_keys(self, prepared: Sequence[_Prepared]) -> None:
+        """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
+        seen: set[bytes] = set()
+        for doc in prepared:
+            if doc.index in seen or self.txn.get(doc.index, db=self._store._keys_db) is not None:
+                raise DuplicateKeyError(doc.key)
+            seen.add(doc.index)
 
     def _remove_one(self, key: Key, missing_ok: bool) -> bool:
         found = self._lookup(key)
@@ -558,7 +570,13 @@ class WriteTxn(ReadTxn):
         keys = list(keys)
         for key in keys:
             codec.key_bytes(key)
-        return sum(bool(self._run(self._remove_one, key, missing_ok)) for key in keys)
+        # Every key is looked up before the first removal, so a missing one changes nothing;
+        # then a key listed twice is removed once.
+        if not missing_ok:
+            for key in keys:
+                if self._lookup(key) is None:
+                    raise KeyNotFoundError(key)
+        return sum(bool(self._run(self._remove_one, key, True)) for key in keys)
 
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
         if self.txn.get(doc.index, db=self._store._keys_db) is not None:
@@ -603,6 +621,7 @@ class WriteTxn(ReadTxn):
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
         prepared = self._prepare([_item(entry) for entry in items], encoding=encoding)
+        self._check_new_keys(prepared)
         return [self._run(self._add_unique, doc, threshold) for doc in prepared]
 
 

@@ -1,0 +1,427 @@
+"""The integrity check: does every table agree with the records, as :mod:`.codec` specifies?
+
+The document records are the truth; the ``keys`` table and the band tables are indexes
+derived from them. :func:`check` verifies, in one snapshot:
+
+* ``meta`` is well formed: the format marker and version, a decodable ``config`` and
+  ``banding`` equal to what the store was opened with, ``next_doc_id`` above every id,
+  integer counters; and no table exists that the format does not name;
+* every record decodes, its checksum is right and its signature has ``num_perm`` values;
+* every record's key index is in ``keys`` and points back to it, and every ``keys``
+  entry points to a record with that key;
+* every document is in its bucket of every band, and every band entry is a document of
+  that bucket. Counting makes the second half cheap: a band holding exactly as many
+  entries as the documents found in it has no others, so only a band with extra entries
+  is walked to name them.
+
+``repair=True`` rebuilds the derived tables (keys and bands) from the records in one
+write transaction and checks again. A damaged record or ``meta`` cannot be re-derived:
+those stay reported, for a restore from a backup or an export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+
+from . import codec
+from .lsh import LSHParams, band_keys
+from .minhash import MinHashConfig
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .txn import ReadTxn, WriteTxn
+
+VIOLATION_KINDS: tuple[str, ...] = (
+    "meta",  # a meta entry is missing, undecodable or disagrees with the store
+    "stray-table",  # a table the format does not name (repair drops it)
+    "doc-id",  # a docs key that is not an id, or an id >= next_doc_id (repair fixes the latter)
+    "corrupt-record",  # checksum, version or lengths wrong: restore from a backup
+    "signature-length",  # a record's signature is not num_perm values long
+    "key-missing",  # a record's key index is not in the keys table (repair fixes)
+    "key-mismatch",  # a record's key index points to another document (repair fixes)
+    "key-orphan",  # a keys entry whose document is missing or has another key (repair fixes)
+    "band-missing",  # a document is not in its bucket of some band (repair fixes)
+    "band-orphan",  # a band entry that is not a document of that bucket (repair fixes)
+)
+"""Every ``Violation.kind``, with what it means."""
+
+_BATCH = 1024
+_REQUIRED_META = (
+    "format",
+    "format_version",
+    "package_version",
+    "config",
+    "banding",
+    "commit_counter",
+    "next_doc_id",
+    "map_size",
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant.
+
+    Attributes:
+        kind: one of :data:`VIOLATION_KINDS`.
+        detail: what is wrong, in words.
+        doc_id: the internal id of the document involved, if one is.
+    """
+
+    kind: str
+    detail: str
+    doc_id: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What :func:`check` found.
+
+    Attributes:
+        documents_checked: records read.
+        violations: what the check found (before any repair).
+        repaired: whether a repair ran (only when something was found and asked for).
+        remaining: what a check after the repair still found; without a repair, the
+            same as ``violations``.
+    """
+
+    documents_checked: int
+    violations: list[Violation]
+    repaired: bool = False
+    remaining: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the store is consistent now (after the repair, if one ran)."""
+        return not (self.remaining if self.repaired else self.violations)
+
+    def kinds(self) -> set[str]:
+        """The kinds of violation found (before any repair)."""
+        return {v.kind for v in self.violations}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _table_names(store: Store) -> set[bytes]:
+    names = {codec.META_DB, codec.DOCS_DB, codec.KEYS_DB}
+    names.update(
+        codec.band_table_name(store._generation, band) for band in range(store.banding.bands)
+    )
+    return names
+
+
+def _stray_tables(store: Store, txn: lmdb.Transaction) -> list[bytes]:
+    expected = _table_names(store)
+    with txn.cursor() as cursor:  # the main DB: one entry per named table
+        return [bytes(name) for name in cursor.iternext(values=False) if name not in expected]
+
+
+class _Checker:
+    """One pass of the check over one snapshot, collecting violations."""
+
+    def __init__(self, store: Store, reader: ReadTxn) -> None:
+        self.store, self.reader, self.txn = store, reader, reader.txn
+        self.found: list[Violation] = []
+        self.bad_ids: set[bytes] = set()  # records that cannot vouch for band entries
+        self.good = 0
+        self.checked = 0
+        self.missing = [0] * store.banding.bands
+
+    def add(self, kind: str, detail: str, doc_id: int | None = None) -> None:
+        self.found.append(Violation(kind, detail, doc_id))
+
+    def run(self) -> None:
+        next_id = self.meta()
+        for name in _stray_tables(self.store, self.txn):
+            self.add("stray-table", f"table {name!r} is not part of this store's format")
+        self.documents(next_id)
+        self.keys()
+        for band, db in enumerate(self.store._band_dbs):
+            if int(self.txn.stat(db)["entries"]) > self.good - self.missing[band]:
+                self.band_orphans(band, db)
+
+    # -- meta ----------------------------------------------------------------------------
+
+    def meta(self) -> int | None:
+        meta: dict[str, Any] = {}
+        with self.txn.cursor(db=self.store._meta_db) as cursor:
+            for name, value in cursor:
+                try:
+                    meta[bytes(name).decode()] = codec.unpack_meta(value)
+                except ValueError as err:
+                    self.add("meta", f"meta entry {bytes(name)!r} does not decode ({err})")
+        for name in _REQUIRED_META:
+            if name not in meta:
+                self.add("meta", f"meta entry {name!r} is missing")
+        if meta.get("format", codec.FORMAT_NAME) != codec.FORMAT_NAME:
+            self.add("meta", f"format is {meta['format']!r}, not {codec.FORMAT_NAME!r}")
+        if meta.get("format_version", codec.FORMAT_VERSION) != codec.FORMAT_VERSION:
+            self.add("meta", f"format_version is {meta['format_version']!r}")
+        if "config" in meta:
+            self.config(meta["config"])
+        if "banding" in meta:
+            self.banding(meta["banding"])
+        for name in ("commit_counter", "next_doc_id", "map_size"):
+            if name in meta and not (_is_int(meta[name]) and meta[name] >= 0):
+                self.add("meta", f"{name} is {meta[name]!r}, not a non-negative integer")
+        next_id = meta.get("next_doc_id")
+        return next_id if _is_int(next_id) else None
+
+    def config(self, value: object) -> None:
+        try:
+            config = MinHashConfig.from_dict(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, KeyError) as err:
+            self.add("meta", f"config does not decode ({type(err).__name__}: {err})")
+            return
+        if config != self.store.config:
+            self.add("meta", f"config is {config}, but the store was opened with another")
+
+    def banding(self, value: object) -> None:
+        try:
+            if not isinstance(value, dict):
+                raise TypeError("not a map")
+            banding = LSHParams(value["bands"], value["rows"])
+            threshold, generation = value["threshold"], value["generation"]
+        except (TypeError, ValueError, KeyError) as err:
+            self.add("meta", f"banding {value!r} does not decode ({type(err).__name__})")
+            return
+        stored = (banding, threshold, generation)
+        expected = (self.store.banding, self.store.threshold, self.store._generation)
+        if stored != expected:
+            self.add("meta", f"banding {value!r} differs from the one the store opened with")
+
+    # -- documents -----------------------------------------------------------------------
+
+    def documents(self, next_id: int | None) -> None:
+        num_perm = self.store.config.num_perm
+        batch: list[tuple[bytes, npt.NDArray[np.uint32]]] = []
+        with self.txn.cursor(db=self.store._docs_db) as cursor:
+            for raw_id, value in cursor:
+                raw_id = bytes(raw_id)
+                self.checked += 1
+                if len(raw_id) != 8:
+                    self.add("doc-id", f"docs key {raw_id!r} is not an 8-byte id")
+                    self.bad_ids.add(raw_id)
+                    continue
+                doc_id = codec.decode_id(raw_id)
+                if next_id is not None and doc_id >= next_id:
+                    self.add("doc-id", f"id {doc_id} is not below next_doc_id {next_id}", doc_id)
+                try:
+                    record = codec.decode_record(value, doc_id)
+                except ValueError as err:  # CorruptRecordError, or undecodable metadata
+                    reason = getattr(err, "reason", str(err))
+                    self.add("corrupt-record", f"record {doc_id}: {reason}", doc_id)
+                    self.bad_ids.add(raw_id)
+                    continue
+                if len(record.signature) != num_perm:
+                    self.add(
+                        "signature-length",
+                        f"record {doc_id} has {len(record.signature)} values, not {num_perm}",
+                        doc_id,
+                    )
+                    self.bad_ids.add(raw_id)
+                    continue
+                self.good += 1
+                self.key_entry(raw_id, doc_id, record.key)
+                batch.append((raw_id, record.signature))
+                if len(batch) == _BATCH:
+                    self.band_entries(batch)
+                    batch = []
+        if batch:
+            self.band_entries(batch)
+
+    def key_entry(self, raw_id: bytes, doc_id: int, key: str | bytes) -> None:
+        raw, is_str = (key.encode("utf-8"), True) if isinstance(key, str) else (key, False)
+        found = self.txn.get(codec.key_index(raw, is_str), db=self.store._keys_db)
+        if found is None:
+            self.add("key-missing", f"key {key!r} of record {doc_id} is not indexed", doc_id)
+        elif bytes(found) != raw_id:
+            self.add(
+                "key-mismatch",
+                f"key {key!r} of record {doc_id} is indexed to id {bytes(found).hex()}",
+                doc_id,
+            )
+
+    def band_entries(self, batch: list[tuple[bytes, npt.NDArray[np.uint32]]]) -> None:
+        rows = self.reader._band_key_rows(np.stack([sig for _, sig in batch]))
+        for (raw_id, _), keys in zip(batch, rows, strict=True):
+            for band, band_key in enumerate(keys):
+                if not self.reader._band_cursor(band).set_key_dup(band_key, raw_id):
+                    self.missing[band] += 1
+                    doc_id = codec.decode_id(raw_id)
+                    self.add(
+                        "band-missing",
+                        f"document {doc_id} is not in bucket {band_key.hex()} of band {band}",
+                        doc_id,
+                    )
+
+    # -- the derived tables, walked from their side ---------------------------------------
+
+    def keys(self) -> None:
+        docs_db = self.store._docs_db
+        with self.txn.cursor(db=self.store._keys_db) as cursor:
+            for index, value in cursor:
+                index, value = bytes(index), bytes(value)
+                if value in self.bad_ids:
+                    continue  # already reported with its record
+                record = self.txn.get(value, db=docs_db) if len(value) == 8 else None
+                if record is None:
+                    self.add("key-orphan", f"keys entry {index!r} points to no record")
+                    continue
+                doc_id = codec.decode_id(value)
+                if codec.key_index(*codec.record_key(record, doc_id)) != index:
+                    self.add(
+                        "key-orphan",
+                        f"keys entry {index!r} points to record {doc_id}, which has another key",
+                        doc_id,
+                    )
+
+    def band_orphans(self, band: int, db: Any) -> None:
+        for batch in _table_batches(self.txn, db):
+            ids, sigs = [], []
+            for band_key, raw_id in batch:
+                if raw_id in self.bad_ids:
+                    continue
+                record = self.txn.get(raw_id, db=self.store._docs_db) if len(raw_id) == 8 else None
+                if record is None:
+                    self.add(
+                        "band-orphan",
+                        f"bucket {band_key.hex()} of band {band} lists id {raw_id.hex()}, "
+                        "which has no record",
+                    )
+                    continue
+                ids.append((band_key, raw_id))
+                sigs.append(codec.decode_signature(record, codec.decode_id(raw_id)))
+            if not ids:
+                continue
+            store = self.store
+            actual = band_keys(np.stack(sigs), store.banding, store.config.seed)[:, band]
+            for (band_key, raw_id), key in zip(ids, codec.encode_band_keys(actual), strict=True):
+                if key != band_key:
+                    doc_id = codec.decode_id(raw_id)
+                    self.add(
+                        "band-orphan",
+                        f"bucket {band_key.hex()} of band {band} lists document {doc_id}, "
+                        f"whose bucket is {key.hex()}",
+                        doc_id,
+                    )
+
+
+def _table_batches(
+    txn: lmdb.Transaction, db: Any, size: int = _BATCH
+) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The ``(key, value)`` entries of a table in key order, ``size`` at a time."""
+    batch: list[tuple[bytes, bytes]] = []
+    with txn.cursor(db=db) as cursor:
+        for key, value in cursor:
+            batch.append((bytes(key), bytes(value)))
+            if len(batch) == size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def _fill_bands(
+    txn: lmdb.Transaction,
+    band_dbs: list[Any],
+    ids: list[bytes],
+    sigs: npt.NDArray[np.uint32],
+    banding: LSHParams,
+    seed: int,
+) -> None:
+    """Put every document of a batch into its bucket of every band (repair and rebuild)."""
+    keys = band_keys(sigs, banding, seed)
+    for band, db in enumerate(band_dbs):
+        column = codec.encode_band_keys(keys[:, band])
+        with txn.cursor(db=db) as cursor:
+            cursor.putmulti(zip(column, ids, strict=True), dupdata=True)
+
+
+def _run_check(store: Store) -> tuple[int, list[Violation]]:
+    with store.read() as reader:
+        checker = _Checker(store, reader)
+        checker.run()
+        return checker.checked, checker.found
+
+
+def _rederive(store: Store) -> Any:
+    """The repair's write operation (re-runnable after the map grows)."""
+
+    def run(writer: WriteTxn) -> int:
+        txn, env = writer.txn, store._require_env()
+        for name in _stray_tables(store, txn):
+            try:
+                txn.drop(env.open_db(name, txn=txn, create=False), delete=True)
+            except lmdb.IncompatibleError:  # a plain key in the main DB, not a table
+                txn.delete(name)
+        txn.drop(store._keys_db, delete=False)
+        for db in store._band_dbs:
+            txn.drop(db, delete=False)
+        num_perm, seed = store.config.num_perm, store.config.seed
+        next_id = store._read_meta(txn, "next_doc_id")
+        next_id = next_id if _is_int(next_id) else 0
+        restored = 0
+        for batch in _table_batches(txn, store._docs_db):
+            ids, sigs = [], []
+            for raw_id, value in batch:
+                if len(raw_id) != 8:
+                    continue
+                try:  # an undecodable record cannot be indexed: it stays reported
+                    record = codec.decode_record(value, codec.decode_id(raw_id))
+                    raw, is_str = codec.key_bytes(record.key)
+                except ValueError:
+                    continue
+                if len(record.signature) != num_perm:
+                    continue
+                # The first record of a key wins; a later duplicate stays reported.
+                txn.put(codec.key_index(raw, is_str), raw_id, db=store._keys_db, overwrite=False)
+                ids.append(raw_id)
+                sigs.append(record.signature)
+                next_id = max(next_id, codec.decode_id(raw_id) + 1)
+            if ids:
+                _fill_bands(txn, store._band_dbs, ids, np.stack(sigs), store.banding, seed)
+                restored += len(ids)
+        txn.put(b"next_doc_id", codec.pack_meta(next_id), db=store._meta_db)
+        return restored
+
+    return run
+
+
+def check(store: Store, repair: bool = False) -> CheckReport:
+    """Verify every invariant of the on-disk format (see the module docstring).
+
+    Args:
+        repair: if something is found, rebuild the keys table and the band tables from
+            the records (in one write transaction, dropping tables the format does not
+            name and raising ``next_doc_id`` above every id), then check again.
+
+    Returns:
+        A :class:`CheckReport`; ``report.ok`` says whether the store is consistent now.
+
+    Raises:
+        ReadOnlyError: ``repair`` on a store opened read-only.
+
+    Example:
+        >>> report = store.check()  # doctest: +SKIP
+        >>> report.ok, [v.kind for v in report.violations]  # doctest: +SKIP
+        (True, [])
+    """
+    if repair:
+        store._check_writable()
+    checked, found = _run_check(store)
+    if not (repair and found):
+        return CheckReport(checked, found, False, list(found))
+    operation = _rederive(store)
+    with store.write() as writer:
+        writer._run(operation, writer)
+    _, remaining = _run_check(store)
+    return CheckReport(checked, found, True, remaining)

@@ -1,0 +1,612 @@
+"""Maintenance of a store: duplicate pairs and clusters, statistics, rebuild, compaction, backup.
+
+Every function takes an open :class:`~neardup_store.store.Store`, returns a small frozen
+report (or an iterator of them) and never prints; the CLI renders the reports. The
+integrity check lives in :mod:`.integrity` and the export stream in :mod:`.transfer`;
+both are re-exported here, so ``maintenance`` is the one place to look.
+
+Two operations replace what other processes have open, so they need the store to
+themselves: :func:`compact` swaps ``data.mdb`` and :func:`rebuild` drops the band tables
+other processes hold handles to. Both upgrade this process's shared lock on
+``neardup.lock`` to an exclusive one without waiting, and raise
+:class:`~neardup_store.errors.StoreBusyError` if any other process has the store open.
+Like :meth:`Store.close`, they must not run while another thread of this process uses
+the store, nor while one of its transactions (or a :func:`pairs` iterator) is open.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import heapq
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+import numpy as np
+
+from . import codec
+from .errors import InvalidParameterError, StoreBusyError
+from .integrity import (
+    VIOLATION_KINDS,
+    CheckReport,
+    Violation,
+    _fill_bands,
+    _table_batches,
+    check,
+)
+from .lsh import LSHParams, choose_params
+from .transfer import create_from_export, export, import_
+
+if TYPE_CHECKING:
+    from .store import Store, StoreParams
+    from .txn import Key, ReadTxn, WriteTxn
+
+__all__ = [
+    "VIOLATION_KINDS",
+    "BackupReport",
+    "BandStats",
+    "CheckReport",
+    "CompactReport",
+    "LargeBucket",
+    "Pair",
+    "RebuildReport",
+    "StoreStats",
+    "Violation",
+    "backup",
+    "bucket_size_range",
+    "check",
+    "clusters",
+    "compact",
+    "create_from_export",
+    "export",
+    "import_",
+    "pairs",
+    "rebuild",
+    "stats",
+]
+
+BATCH = 1024
+"""Signatures per batch when walking the documents: bounds memory, amortises numpy calls."""
+_META_PAGES = 2  # LMDB's two meta pages precede every table page
+
+
+# -- reports ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two stored near-duplicates (``first`` inserted before ``second``) and their estimated
+    Jaccard similarity (the fraction of equal signature values)."""
+
+    first: Key
+    second: Key
+    score: float
+
+
+@dataclass(frozen=True)
+class BandStats:
+    """How the documents spread over the buckets (band keys) of one band.
+
+    Attributes:
+        band: band index.
+        buckets: distinct band keys.
+        entries: document ids in the band (one per document when healthy).
+        histogram: ``histogram[i]`` counts the buckets whose size lies in
+            :func:`bucket_size_range` ``(i)``: sizes 1, 2, 3-4, 5-8, 9-16, ...
+    """
+
+    band: int
+    buckets: int
+    entries: int
+    histogram: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LargeBucket:
+    """One of the largest buckets: many documents agreeing on a whole band is usually
+    shared boilerplate (templates, licences, empty pages), which makes queries slow."""
+
+    band: int
+    size: int
+    sample_keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What :func:`stats` reports. Sizes are in bytes.
+
+    Attributes:
+        params: :meth:`StoreParams.flat` of the store.
+        file_bytes: size of ``data.mdb``.
+        map_size: the LMDB map size (address space reserved, not disk used).
+        used_bytes: pages up to the highest one in use, times the page size.
+        free_pages: estimate of pages inside ``used_bytes`` holding no table data (free
+            pages, and the free list itself): roughly what :func:`compact` reclaims.
+        readers: LMDB reader slots taken (when the call began, so not counting its own);
+            ``active_readers`` of them hold a snapshot.
+    """
+
+    documents: int
+    params: dict[str, Any]
+    generation: int
+    file_bytes: int
+    map_size: int
+    used_bytes: int
+    page_size: int
+    free_pages: int
+    commit_counter: int
+    readers: int
+    active_readers: int
+    bands: list[BandStats]
+    largest_buckets: list[LargeBucket]
+
+    @property
+    def free_bytes(self) -> int:
+        """``free_pages`` in bytes."""
+        return self.free_pages * self.page_size
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """Sizes of ``data.mdb`` before and after :func:`compact`; with ``dry_run``, the size
+    after is what compaction would leave (the pages holding data)."""
+
+    bytes_before: int
+    bytes_after: int
+    dry_run: bool = False
+
+    @property
+    def reclaimed_bytes(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """What :func:`rebuild` changed: the parameters before and after, and the new
+    banding generation (the suffix of the band tables' names)."""
+
+    documents: int
+    generation: int
+    old_params: StoreParams
+    new_params: StoreParams
+
+
+@dataclass(frozen=True)
+class BackupReport:
+    """Where :func:`backup` wrote the copy, how many documents it holds, its size."""
+
+    path: str
+    documents: int
+    file_bytes: int
+
+
+def bucket_size_range(index: int) -> tuple[int, int]:
+    """Smallest and largest bucket size counted by ``BandStats.histogram[index]``."""
+    return (1, 1) if index == 0 else ((1 << (index - 1)) + 1, 1 << index)
+
+
+# -- walking the documents ----------------------------------------------------------------------
+
+
+def _key_of(raw: bytes, is_str: bool) -> Key:
+    return raw.decode("utf-8") if is_str else raw
+
+
+def _id_pairs(store: Store, threshold: float) -> Iterator[tuple[int, int, Key, Key, float]]:
+    """Verified pairs as ``(first id, second id, first key, second key, score)``.
+
+    Each document looks up its candidates in the band tables (like a query) and keeps
+    those with a larger id, so every pair is found once, from its earlier member, and
+    only the current batch of signatures is in memory.
+    """
+    with store.read() as reader:
+        for batch in _table_batches(reader.txn, store._docs_db, BATCH):
+            ids = [raw_id for raw_id, _ in batch]
+            sigs = np.stack([codec.decode_signature(rec, codec.decode_id(i)) for i, rec in batch])
+            for raw_id, (_, record), sig, keys in zip(
+                ids, batch, sigs, reader._band_key_rows(sigs), strict=True
+            ):
+                later = {other for other in reader._candidates(keys) if other > raw_id}
+                if not later:
+                    continue
+                verified = reader._verify(sig, later, threshold)
+                if not verified:
+                    continue
+                first_id = codec.decode_id(raw_id)
+                first = _key_of(*codec.record_key(record, first_id))
+                for other, score in verified:
+                    yield first_id, codec.decode_id(other), first, reader._key_of(other), score
+
+
+def pairs(store: Store, threshold: float | None = None) -> Iterator[Pair]:
+    """Every near-duplicate pair in the store, each once, streamed.
+
+    Candidates come from the band buckets (never from comparing all pairs) and are
+    verified against the stored signatures. Pairs come ordered by their first member's
+    insertion, then their second's. The iterator reads one snapshot: close it (or
+    exhaust it) promptly, since an open snapshot keeps LMDB from reusing freed pages.
+
+    Args:
+        threshold: minimum estimated Jaccard (default: the store's threshold). The
+            bands were chosen for the store's threshold, so far lower values miss pairs.
+
+    Raises:
+        InvalidParameterError: threshold outside (0, 1].
+        CorruptRecordError: a record failed its checksum (run :func:`check`).
+
+    Example:
+        >>> for pair in store.pairs():  # doctest: +SKIP
+        ...     print(pair.first, pair.second, round(pair.score, 2))
+    """
+    threshold = store._check_threshold(threshold)  # now, not at the first next()
+    return (
+        Pair(first, second, score) for _, _, first, second, score in _id_pairs(store, threshold)
+    )
+
+
+def clusters(store: Store, threshold: float | None = None) -> list[list[Key]]:
+    """Groups of near-duplicates: the connected components of :func:`pairs`.
+
+    Returns:
+        Clusters of two or more keys, each in insertion order, ordered by their first
+        member's insertion. Memory grows with the documents that have a duplicate only.
+    """
+    threshold = store._check_threshold(threshold)
+    parent: dict[int, int] = {}
+    keys: dict[int, Key] = {}
+
+    def root(node: int) -> int:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]  # path halving keeps the trees shallow
+            node = parent[node]
+        return node
+
+    for first_id, second_id, first, second, _ in _id_pairs(store, threshold):
+        for node, key in ((first_id, first), (second_id, second)):
+            if node not in keys:
+                keys[node], parent[node] = key, node
+        a, b = root(first_id), root(second_id)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for node in sorted(keys):
+        groups.setdefault(root(node), []).append(node)
+    return [[keys[n] for n in members] for _, members in sorted(groups.items())]
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def _reader_counts(env: lmdb.Environment) -> tuple[int, int]:
+    """Reader slots in use, and those holding a snapshot, from ``env.readers()``."""
+    rows = [line.split() for line in env.readers().splitlines()[1:]]
+    rows = [row for row in rows if len(row) == 3]  # pid, thread, txnid (or "-")
+    return len(rows), sum(row[2] != "-" for row in rows)
+
+
+def _pages(stat: dict[str, int]) -> int:
+    return int(stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"])
+
+
+def _table_pages(store: Store, txn: lmdb.Transaction) -> int:
+    """Pages holding table data: the main DB's and every table's of this store."""
+    tables = (store._meta_db, store._docs_db, store._keys_db, *store._band_dbs)
+    main = store._require_env().open_db(None)
+    return _pages(txn.stat(main)) + sum(_pages(txn.stat(db)) for db in tables)
+
+
+def stats(store: Store, largest: int = 5) -> StoreStats:
+    """Sizes, counters and the bucket-size distribution of every band, from one snapshot.
+
+    It walks every band key of every band, so it costs about as much as reading the
+    band tables once.
+
+    Args:
+        largest: how many of the largest buckets (over all bands) to report.
+    """
+    if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
+        raise InvalidParameterError("largest", largest, "a non-negative integer")
+    env = store._require_env()
+    readers, active = _reader_counts(env)
+    with store.read() as reader:
+        txn = reader.txn
+        info, page_size = env.info(), int(env.stat()["psize"])
+        used_pages = _table_pages(store, txn)
+        bands: list[BandStats] = []
+        heap: list[tuple[int, int, bytes]] = []  # (size, -band, band key): the smallest on top
+        for band, db in enumerate(store._band_dbs):
+            histogram: list[int] = []
+            buckets = entries = 0
+            with txn.cursor(db=db) as cursor:
+                more = cursor.first()
+                while more:
+                    size = cursor.count()
+                    index = (size - 1).bit_length()
+                    histogram.extend([0] * (index + 1 - len(histogram)))
+                    histogram[index] += 1
+                    buckets, entries = buckets + 1, entries + size
+                    if largest and size > 1:
+                        item = (size, -band, bytes(cursor.key()))
+                        if len(heap) < largest:
+                            heapq.heappush(heap, item)
+                        elif item > heap[0]:
+                            heapq.heapreplace(heap, item)
+                    more = cursor.next_nodup()
+            bands.append(BandStats(band, buckets, entries, tuple(histogram)))
+        top = [
+            LargeBucket(-neg_band, size, _sample_keys(reader, -neg_band, key))
+            for size, neg_band, key in sorted(heap, reverse=True)
+        ]
+        last_pgno = int(info["last_pgno"])
+        return StoreStats(
+            documents=len(reader),
+            params=store.params.flat(),
+            generation=int(store._read_meta(txn, "banding")["generation"]),
+            file_bytes=(store.path / "data.mdb").stat().st_size,
+            map_size=int(info["map_size"]),
+            used_bytes=(last_pgno + 1) * page_size,
+            page_size=page_size,
+            free_pages=max(0, last_pgno + 1 - _META_PAGES - used_pages),
+            commit_counter=int(store._read_meta(txn, "commit_counter")),
+            readers=readers,
+            active_readers=active,
+            bands=bands,
+            largest_buckets=top,
+        )
+
+
+def _sample_keys(reader: ReadTxn, band: int, band_key: bytes, count: int = 3) -> tuple[Key, ...]:
+    cursor = reader._band_cursor(band)
+    if not cursor.set_key(band_key):
+        return ()
+    ids = []
+    for doc_id in cursor.iternext_dup(keys=False, values=True):
+        ids.append(bytes(doc_id))
+        if len(ids) == count:
+            break
+    return tuple(reader._key_of(doc_id) for doc_id in ids)
+
+
+# -- exclusive access ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _exclusive(store: Store, operation: str) -> Iterator[None]:
+    """Hold ``neardup.lock`` exclusively for the block, or raise StoreBusyError at once.
+
+    Every open store holds a shared ``flock``; upgrading ours fails while any other
+    process has the store open. On Linux a failed upgrade has already released the
+    shared lock, so two processes upgrading at once could let one through while the
+    other still uses the store: a POSIX lock (independent of ``flock``) on the same
+    file first admits one upgrader at a time.
+    """
+    store._check_writable()
+    store._require_env()
+    fd = store._lock_fd
+    if fd is None:  # pragma: no cover - an open store always holds its lock
+        raise RuntimeError("the store holds no lock")
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in (errno.EAGAIN, errno.EACCES):
+            raise StoreBusyError(str(store.path), operation) from None
+        raise
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # take back the shared lock the attempt dropped
+            raise StoreBusyError(str(store.path), operation) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+
+
+def _reopen(store: Store, max_dbs: int, swap: Callable[[], None] | None = None) -> None:
+    """Close the environment, run ``swap`` and reopen in place (exclusive access required)."""
+    env = store._require_env()
+    info = env.info()
+    env.close()
+    store._env = None
+    try:
+        if swap is not None:
+            swap()
+    finally:  # reopen whichever file is in place, so the store stays usable
+        store._env = store._open_env(max_dbs, int(info["map_size"]), int(info["max_readers"]))
+        _reattach(store, store.params, store._generation)
+
+
+def _reattach(store: Store, params: StoreParams, generation: int) -> None:
+    """Reopen the table handles; the signature parameters never change, so the hasher stays."""
+    hasher = store.hasher
+    store._attach(params, generation)
+    store.hasher = hasher
+
+
+def _max_dbs(bands: int) -> int:
+    return 2 * bands + 8  # what Store.open uses
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- compaction and backup ----------------------------------------------------------------------
+
+
+def compact(store: Store, dry_run: bool = False) -> CompactReport:
+    """Rewrite ``data.mdb`` without free pages, reclaiming the space removals leave.
+
+    LMDB never shrinks its file: pages freed by removals are only reused. This writes a
+    compacted copy into a temporary directory inside the store, syncs it, swaps it in
+    with an atomic rename and reopens the environment in this store object. A crash at
+    any point leaves either the old file or the new one, both complete (and perhaps a
+    ``.compact-*`` directory, which can be deleted).
+
+    Args:
+        dry_run: change nothing; report the size compaction would leave (works on a
+            read-only store and while others use it).
+
+    Raises:
+        ReadOnlyError: the store is open read-only.
+        StoreBusyError: another process has the store open (its commits would be lost
+            if it kept writing to the replaced file).
+
+    Example:
+        >>> report = store.compact()  # doctest: +SKIP
+        >>> report.bytes_before - report.bytes_after  # doctest: +SKIP
+    """
+    data = store.path / "data.mdb"
+    if dry_run:
+        with store.read() as reader:
+            page_size = int(store._require_env().stat()["psize"])
+            pages = _META_PAGES + _table_pages(store, reader.txn)
+        return CompactReport(data.stat().st_size, pages * page_size, dry_run=True)
+    with _exclusive(store, "compact"):
+        before = data.stat().st_size
+        scratch = Path(tempfile.mkdtemp(prefix=".compact-", dir=store.path))
+
+        def swap() -> None:
+            os.replace(scratch / "data.mdb", data)
+            _fsync(store.path)  # make the rename itself durable
+
+        try:
+            store._require_env().copy(str(scratch), compact=True)
+            _fsync(scratch / "data.mdb")
+            _reopen(store, _max_dbs(store.banding.bands), swap)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return CompactReport(before, data.stat().st_size)
+
+
+def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
+    """Write a consistent, compacted copy of the store to ``path`` while it stays in use.
+
+    The copy is taken from one snapshot, so it holds exactly the commits before the call
+    began; open it with :meth:`Store.open` like any store.
+
+    Raises:
+        InvalidParameterError: ``path`` is a file or already holds a store.
+    """
+    target = Path(path)
+    if target.exists() and (not target.is_dir() or (target / "data.mdb").exists()):
+        raise InvalidParameterError("path", str(target), "a new or empty directory")
+    target.mkdir(parents=True, exist_ok=True)
+    env = store._require_env()
+    with store.read() as reader:
+        documents = len(reader)
+        env.copy(str(target), compact=True, txn=reader.txn)
+    _fsync(target / "data.mdb")
+    return BackupReport(str(target), documents, (target / "data.mdb").stat().st_size)
+
+
+# -- rebuild ------------------------------------------------------------------------------------
+
+
+def _resolve_banding(
+    store: Store, threshold: float | None, bands: int | None, rows: int | None
+) -> tuple[LSHParams, float]:
+    threshold = store._check_threshold(threshold)
+    if (bands is None) != (rows is None):
+        raise InvalidParameterError("bands/rows", (bands, rows), "both bands and rows, or neither")
+    if bands is None or rows is None:
+        return choose_params(threshold, store.config.num_perm), threshold
+    banding = LSHParams(bands, rows)
+    banding.check_fits(store.config.num_perm)
+    return banding, threshold
+
+
+def _rebanding(store: Store, banding: LSHParams, threshold: float, generation: int) -> Any:
+    """The write operation of :func:`rebuild`, re-runnable after the map grows."""
+
+    def run(writer: WriteTxn) -> int:
+        txn, env = writer.txn, store._require_env()
+        # Drop first: a dropped table's handle slot is free at once, for the new tables.
+        for band in range(store.banding.bands):  # the store is still on the old generation
+            name = codec.band_table_name(store._generation, band)
+            txn.drop(env.open_db(name, txn=txn, create=False), delete=True)
+        new_dbs = []
+        for band in range(banding.bands):
+            db = env.open_db(
+                codec.band_table_name(generation, band), txn=txn, dupsort=True, dupfixed=True
+            )
+            txn.drop(db, delete=False)  # a leftover table of that name must not add entries
+            new_dbs.append(db)
+        count = 0
+        for batch in _table_batches(txn, store._docs_db, BATCH):
+            ids = [raw_id for raw_id, _ in batch]
+            sigs = np.stack([codec.decode_signature(rec, codec.decode_id(i)) for i, rec in batch])
+            _fill_bands(txn, new_dbs, ids, sigs, banding, store.config.seed)
+            count += len(batch)
+        value = dict(bands=banding.bands, rows=banding.rows, threshold=threshold)
+        txn.put(b"banding", codec.pack_meta({**value, "generation": generation}), db=store._meta_db)
+        return count
+
+    return run
+
+
+def rebuild(
+    store: Store,
+    threshold: float | None = None,
+    bands: int | None = None,
+    rows: int | None = None,
+) -> RebuildReport:
+    """Re-band the store from its stored signatures (no source texts needed).
+
+    Writes the band tables of a new generation, drops the old ones and records the new
+    banding, all in one write transaction: readers see the old banding or the new, never
+    a mix. Signature parameters (num_perm, scheme, seed, shingles) cannot change here,
+    since the signatures would have to be recomputed from the texts; export and re-add
+    the documents into a new store for that.
+
+    Args:
+        threshold: the new threshold (default: keep the current one).
+        bands / rows: the new banding, both or neither (default: :func:`choose_params`
+            for the threshold and num_perm).
+
+    Raises:
+        ReadOnlyError: the store is open read-only.
+        StoreBusyError: another process has the store open (its band table handles
+            would point at dropped tables).
+        InvalidParameterError: bad threshold or banding.
+        CorruptRecordError: a record failed its checksum; nothing was changed (run
+            :func:`check`).
+
+    Example:
+        >>> store.rebuild(threshold=0.9).new_params.banding  # doctest: +SKIP
+        LSHParams(bands=..., rows=...)
+    """
+    from .store import StoreParams
+
+    store._check_writable()
+    banding, threshold = _resolve_banding(store, threshold, bands, rows)
+    old = store.params
+    new = StoreParams(old.config, banding, threshold)
+    generation = store._generation + 1
+    with _exclusive(store, "rebuild"):
+        # The env allows 2 * bands + 8 named tables; the new ones reuse the old ones' slots.
+        if banding.bands + 3 > _max_dbs(old.banding.bands):
+            _reopen(store, _max_dbs(banding.bands))
+        operation = _rebanding(store, banding, threshold, generation)
+        try:
+            with store.write() as writer:
+                count = int(writer._run(operation, writer))
+        except BaseException:
+            _reattach(store, old, store._generation)  # dropping closed the old handles
+            raise
+        _reattach(store, new, generation)
+    return RebuildReport(count, generation, old, new)

@@ -1,0 +1,270 @@
+"""Export and import: a store's documents as a portable msgpack stream.
+
+The stream (specified in :mod:`.codec`) carries each document's key, signature and
+metadata, never band keys: an import recomputes them for the receiving store's banding,
+so a stream moves between stores whose bandings differ. Signatures are only comparable
+under one configuration, so the receiving store's configuration must equal the stream's.
+
+Reading is safe on untrusted input: msgpack is decoded without extension hooks, every
+object is checked before use and a stream that ends inside an object is an error, not
+a silent early end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from . import codec
+from ._version import __version__
+from .errors import InvalidParameterError, InvalidStreamError, NeardupError
+from .lsh import LSHParams
+from .minhash import MinHashConfig
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .txn import Key
+
+_Record = tuple["Key", npt.NDArray[np.uint32], Any]
+
+
+def export(store: Store, stream: IO[bytes]) -> int:
+    """Write every document (key, signature, metadata) to a binary stream, in id order.
+
+    The export is one snapshot: documents committed while it runs are not in it.
+
+    Returns:
+        The number of documents written.
+
+    Example:
+        >>> with open("corpus.ndexport", "wb") as out:  # doctest: +SKIP
+        ...     store.export(out)
+    """
+    count = 0
+    with store.read() as reader:
+        banding = store._read_meta(reader.txn, "banding")
+        stream.write(codec.export_header(store.config.to_dict(), banding, __version__))
+        with reader.txn.cursor(db=store._docs_db) as cursor:
+            for raw_id, value in cursor:
+                record = codec.decode_record(value, codec.decode_id(raw_id))
+                stream.write(codec.export_record(record))
+                count += 1
+    return count
+
+
+class _Counting:
+    """A read-only stream wrapper counting the bytes handed to the unpacker."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.consumed = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.consumed += len(data)
+        return data
+
+
+class _ExportReader:
+    """Validated objects of an export stream: the header, then the records."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._source = _Counting(stream)
+        self._unpacker = codec.stream_unpacker(self._source)
+        self._position = 0  # objects read so far
+
+    def _next(self) -> Any:
+        try:
+            item = next(self._unpacker)
+        except StopIteration:
+            # The unpacker ends quietly on a truncated object: the byte count tells.
+            if self._unpacker.tell() != self._source.consumed:
+                raise InvalidStreamError(
+                    f"the stream ends inside object #{self._position} (truncated?)"
+                ) from None
+            raise
+        except (msgpack.UnpackException, ValueError) as err:
+            raise InvalidStreamError(
+                f"object #{self._position} is not valid msgpack ({err})"
+            ) from None
+        self._position += 1
+        return item
+
+    def header(self) -> dict[str, Any]:
+        try:
+            header = self._next()
+        except StopIteration:
+            raise InvalidStreamError("the stream is empty") from None
+        if not isinstance(header, dict) or header.get("format") != codec.EXPORT_FORMAT:
+            raise InvalidStreamError("it is not a neardup_store export (no export header)")
+        if header.get("version") != codec.EXPORT_VERSION:
+            raise InvalidStreamError(
+                f"export version {header.get('version')!r}; this release reads version "
+                f"{codec.EXPORT_VERSION}: import with the release that wrote it"
+            )
+        for name in ("config", "banding"):
+            if not isinstance(header.get(name), dict):
+                raise InvalidStreamError(f"the header's {name!r} is not a map")
+        return header
+
+    def records(self, num_perm: int) -> Iterator[_Record]:
+        while True:
+            number = self._position
+            try:
+                item = self._next()
+            except StopIteration:
+                return
+            yield _check_record(item, number, num_perm)
+
+
+def _check_record(item: object, number: int, num_perm: int) -> _Record:
+    if not isinstance(item, (list, tuple)) or len(item) != 3:
+        raise InvalidStreamError(f"object #{number} is not a [key, signature, metadata] record")
+    key, signature, metadata = item
+    try:
+        codec.key_bytes(key)
+        codec.pack_metadata(metadata)
+    except NeardupError as err:
+        raise InvalidStreamError(f"record #{number}: {err}") from None
+    if not isinstance(signature, bytes) or len(signature) != 4 * num_perm:
+        size = len(signature) if isinstance(signature, bytes) else type(signature).__name__
+        raise InvalidStreamError(
+            f"record #{number}: signature is {size} bytes, expected {4 * num_perm} "
+            f"({num_perm} uint32 values)"
+        )
+    return key, np.frombuffer(signature, dtype="<u4").astype(np.uint32), metadata
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for name, item in value.items():
+            out.update(_flatten(item, f"{prefix}{name}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _check_config(store: Store, header: dict[str, Any]) -> None:
+    # Both sides through msgpack, so tuples and lists compare equal as they would on disk.
+    mine = _flatten(codec.unpack_meta(codec.pack_meta(store.config.to_dict())))
+    theirs = _flatten(header["config"])
+    differs = {
+        name: (mine.get(name), theirs.get(name))
+        for name in sorted(mine.keys() | theirs.keys())
+        if mine.get(name) != theirs.get(name)
+    }
+    if differs:
+        listed = "; ".join(
+            f"{name}: store has {a!r}, stream has {b!r}" for name, (a, b) in differs.items()
+        )
+        raise InvalidStreamError(
+            f"the stream's signatures were made with another configuration ({listed}); "
+            "import it into a new store made from the export (Store.create_from_export)"
+        )
+
+
+def _import_records(store: Store, reader: _ExportReader, batch_size: int, replace: bool) -> int:
+    total = 0
+    records = reader.records(store.config.num_perm)
+    while True:
+        batch = []  # read (and validate) the whole batch before its transaction begins
+        for record in records:
+            batch.append(record)
+            if len(batch) == batch_size:
+                break
+        if not batch:
+            return total
+        with store.write() as txn:
+            for key, signature, metadata in batch:
+                txn.add(key, signature=signature, metadata=metadata, replace=replace)
+        total += len(batch)
+
+
+def _check_batch_size(batch_size: object) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidParameterError("batch_size", batch_size, "a positive integer")
+    return batch_size
+
+
+def import_(
+    store: Store, stream: IO[bytes], *, batch_size: int = 10_000, replace: bool = False
+) -> int:
+    """Add every document of an export stream (see :func:`export`) to the store.
+
+    Band keys are recomputed for this store's banding, which may differ from the
+    exporter's. Documents are committed ``batch_size`` at a time: if the stream turns
+    out bad part-way, the batches before stay committed and nothing of the bad batch is.
+
+    Args:
+        replace: overwrite documents whose key is already stored.
+
+    Returns:
+        The number of documents imported.
+
+    Raises:
+        InvalidStreamError: not an export, another configuration, or a bad record.
+        DuplicateKeyError: a key is already stored (or repeats) and ``replace`` is false.
+        ReadOnlyError: the store is open read-only.
+    """
+    store._check_writable()
+    batch_size = _check_batch_size(batch_size)
+    reader = _ExportReader(stream)
+    _check_config(store, reader.header())
+    return _import_records(store, reader, batch_size, replace)
+
+
+def create_from_export(
+    path: str | os.PathLike[str], stream: IO[bytes], *, batch_size: int = 10_000, **options: Any
+) -> Store:
+    """Create a store at ``path`` with the configuration and banding of an export, and
+    import the export into it.
+
+    Args:
+        options: passed to :meth:`Store.open` (``map_size``, ``durable``,
+            ``max_readers``); parameters come from the stream.
+
+    Returns:
+        The new store, open.
+
+    Raises:
+        InvalidParameterError: ``path`` already holds a store.
+        InvalidStreamError: the stream is not a valid export. The store created so far
+            is closed and stays, holding the batches committed before the bad one.
+    """
+    from .store import Store, _valid_threshold
+
+    batch_size = _check_batch_size(batch_size)
+    if (Path(path) / "data.mdb").exists():
+        raise InvalidParameterError("path", str(path), "a directory without a store")
+    reader = _ExportReader(stream)
+    header = reader.header()
+    banding = header["banding"]
+    try:  # validated here so that a bad header is a stream error, not a parameter error
+        config = MinHashConfig.from_dict(header["config"])
+        params = {name: banding[name] for name in ("threshold", "bands", "rows")}
+        LSHParams(params["bands"], params["rows"]).check_fits(config.num_perm)
+        _valid_threshold(params["threshold"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidStreamError(f"the header's parameters do not decode ({err})") from None
+    store = Store.open(
+        path,
+        create=True,
+        num_perm=config.num_perm,
+        scheme=config.scheme,
+        seed=config.seed,
+        shingles=config.shingles,
+        **params,
+        **options,
+    )
+    try:
+        _import_records(store, reader, batch_size, replace=False)
+    except BaseException:
+        store.close()
+        raise
+    return store

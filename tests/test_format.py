@@ -1,0 +1,369 @@
+"""The on-disk format, pinned byte for byte.
+
+The expected bytes below were derived by hand from the spec in ``codec.py``'s docstring
+(only the xxh64 checksums and the SHA-256 digest were computed with the reference hash
+functions) and then hard-coded. If one of these tests fails, the format changed: bump
+``FORMAT_VERSION`` and add a **format** line to CHANGELOG.md instead of editing the bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+import numpy as np
+import pytest
+import xxhash
+
+from neardup_store import codec
+from neardup_store._version import __version__
+from neardup_store.errors import CorruptRecordError, MetadataError
+from neardup_store.lsh import band_keys
+from neardup_store.store import Store
+
+SIGNATURE_1 = np.array([1, 2, 0xFFFFFFFF, 0x12345678], dtype=np.uint32)
+METADATA_1 = {"n": 1, "b": b"\x00"}
+RECORD_1 = bytes.fromhex(
+    "01"  # record version 1
+    "03"  # flags: str key (bit 0) and metadata (bit 1)
+    "0400"  # num_perm 4, uint16 LE
+    "05000000"  # key length 5, uint32 LE
+    "646f632d31"  # "doc-1"
+    "01000000" "02000000" "ffffffff" "78563412"  # the signature, uint32 LE each
+    "82" "a16e" "01" "a162" "c40100"  # msgpack {"n": 1, "b": bin b"\x00"}
+    "9090d3df694c4a22"  # xxh64 (seed 0) of the bytes above, LE
+)  # fmt: skip
+
+SIGNATURE_2 = np.array([0, 7, 0x80000000, 0xDEADBEEF], dtype=np.uint32)
+RECORD_2 = bytes.fromhex(
+    "01"  # record version 1
+    "00"  # flags: bytes key, no metadata
+    "0400"  # num_perm 4
+    "03000000"  # key length 3
+    "00ff6b"  # b"\x00\xffk"
+    "00000000" "07000000" "00000080" "efbeadde"  # the signature
+    "c27ebfb05a97023d"  # xxh64 of the bytes above, LE
+)  # fmt: skip
+
+
+def reseal(body: bytes) -> bytes:
+    """A record body with a valid checksum appended (to test checks past the checksum)."""
+    return body + xxhash.xxh64_intdigest(body).to_bytes(8, "little")
+
+
+# -- constants ---------------------------------------------------------------------------------
+
+
+def test_format_constants() -> None:
+    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 1
+    assert codec.RECORD_VERSION == 1
+    assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 1
+    assert (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB) == (b"meta", b"docs", b"keys")
+    assert codec.MAX_KEY_BYTES == 16 * 1024 and codec.INLINE_KEY_BYTES == 400
+    assert codec.MAX_METADATA_BYTES == 64 * 1024
+    assert codec.INLINE_KEY_BYTES + 1 <= 511  # an inline key index fits an LMDB key
+
+
+# -- document records --------------------------------------------------------------------------
+
+
+def test_encode_record_with_str_key_and_metadata() -> None:
+    packed = codec.pack_metadata(METADATA_1)
+    assert packed == bytes.fromhex("82a16e01a162c40100")
+    assert codec.encode_record(b"doc-1", True, SIGNATURE_1, packed) == RECORD_1
+
+
+def test_encode_record_with_bytes_key_without_metadata() -> None:
+    assert codec.encode_record(b"\x00\xffk", False, SIGNATURE_2, None) == RECORD_2
+    # Any integer dtype is written as uint32 LE.
+    as_int64 = SIGNATURE_2.astype(np.int64)
+    assert codec.encode_record(b"\x00\xffk", False, as_int64, None) == RECORD_2
+
+
+def test_decode_pinned_records() -> None:
+    first = codec.decode_record(RECORD_1, doc_id=0)
+    assert first.key == "doc-1" and first.metadata == METADATA_1
+    assert first.signature.dtype == np.uint32 and np.array_equal(first.signature, SIGNATURE_1)
+    second = codec.decode_record(RECORD_2)
+    assert second.key == b"\x00\xffk" and second.metadata is None
+    assert np.array_equal(second.signature, SIGNATURE_2)
+    assert np.array_equal(codec.decode_signature(RECORD_1), SIGNATURE_1)
+    assert codec.record_key(RECORD_1) == (b"doc-1", True)
+    assert codec.record_key(RECORD_2) == (b"\x00\xffk", False)
+
+
+@pytest.mark.parametrize("position", range(len(RECORD_1)))
+def test_any_flipped_byte_is_detected(position: int) -> None:
+    damaged = bytearray(RECORD_1)
+    damaged[position] ^= 0x20
+    for decode in (codec.decode_record, codec.decode_signature, codec.record_key):
+        with pytest.raises(CorruptRecordError) as raised:
+            decode(bytes(damaged), 17)
+        assert raised.value.doc_id == 17 and raised.value.reason == "checksum mismatch"
+
+
+BAD_BODIES: list[tuple[str, bytes]] = [
+    ("unknown record version", b"\x02" + RECORD_1[1:-8]),
+    ("key length overruns", RECORD_1[:4] + (1000).to_bytes(4, "little") + RECORD_1[8:-8]),
+    ("num_perm overruns", RECORD_1[:2] + (900).to_bytes(2, "little") + RECORD_1[4:-8]),
+    ("metadata flag without metadata", RECORD_1[:29]),
+    ("metadata not msgpack", RECORD_1[:29] + b"\xc1"),
+    ("metadata with trailing bytes", RECORD_1[:-8] + b"\x01"),
+    ("metadata map with an int key", RECORD_1[:29] + bytes.fromhex("8101a178")),
+    ("str key not UTF-8", RECORD_1[:8] + b"doc\xff1" + RECORD_1[13:-8]),
+]
+
+
+@pytest.mark.parametrize("body", [b for _, b in BAD_BODIES], ids=[n for n, _ in BAD_BODIES])
+def test_records_that_pass_the_checksum_but_do_not_decode(body: bytes) -> None:
+    with pytest.raises(CorruptRecordError):
+        codec.decode_record(reseal(body), 3)
+
+
+@pytest.mark.parametrize("length", [0, 1, 15])
+def test_truncated_record(length: int) -> None:
+    with pytest.raises(CorruptRecordError, match="shorter than its header"):
+        codec.decode_record(RECORD_1[:length])
+
+
+# -- keys, ids and tables ----------------------------------------------------------------------
+
+
+def test_key_index_inline_and_hashed() -> None:
+    assert codec.key_index(b"abc", True) == bytes.fromhex("73616263")  # "s" + key
+    assert codec.key_index(b"abc", False) == bytes.fromhex("62616263")  # "b" + key
+    inline = b"u" * codec.INLINE_KEY_BYTES
+    assert codec.key_index(inline, True) == b"s" + inline
+    assert codec.key_index(inline, False) == b"b" + inline
+    long_key = ("https://example.com/" + "a" * 381).encode()
+    assert len(long_key) == codec.INLINE_KEY_BYTES + 1
+    digest = bytes.fromhex("109040f8684651858a62ba2cbb3116ad6322f4147f5188eaf3b6daf796d0f0d1")
+    assert codec.key_index(long_key, True) == b"S" + digest
+    assert codec.key_index(long_key, False) == b"B" + digest
+    assert len(codec.key_index(b"k" * codec.MAX_KEY_BYTES, False)) == 33
+
+
+def test_key_bytes() -> None:
+    assert codec.key_bytes("é") == (b"\xc3\xa9", True)
+    assert codec.key_bytes(b"\xc3\xa9") == (b"\xc3\xa9", False)
+    assert codec.key_bytes(bytearray(b"ab")) == (b"ab", False)
+    assert codec.key_bytes(memoryview(b"ab")) == (b"ab", False)
+
+
+@pytest.mark.parametrize(
+    ("doc_id", "encoded"),
+    [
+        (0, "0000000000000000"),
+        (1, "0000000000000001"),
+        (256, "0000000000000100"),
+        (0x0102030405060708, "0102030405060708"),
+        (2**64 - 1, "ffffffffffffffff"),
+    ],
+)
+def test_encode_id(doc_id: int, encoded: str) -> None:
+    assert codec.encode_id(doc_id) == bytes.fromhex(encoded)
+    assert codec.decode_id(bytes.fromhex(encoded)) == doc_id
+
+
+def test_ids_sort_numerically() -> None:
+    ids = [0, 1, 255, 256, 65535, 65536, 2**40, 2**64 - 1]
+    assert sorted(codec.encode_id(i) for i in reversed(ids)) == [codec.encode_id(i) for i in ids]
+
+
+def test_band_keys_and_table_names() -> None:
+    keys = np.array([1, 0x0102030405060708, 2**64 - 1], dtype=np.uint64)
+    assert codec.encode_band_keys(keys) == [
+        bytes.fromhex("0000000000000001"),
+        bytes.fromhex("0102030405060708"),
+        bytes.fromhex("ffffffffffffffff"),
+    ]
+    assert codec.band_table_name(0, 0) == b"band.0.0000"
+    assert codec.band_table_name(3, 42) == b"band.3.0042"
+    assert codec.band_table_name(12, 9999) == b"band.12.9999"
+
+
+# -- meta values and the export stream ---------------------------------------------------------
+
+
+def test_meta_values() -> None:
+    assert codec.pack_meta(1) == b"\x01"
+    assert codec.pack_meta("neardup_store") == bytes.fromhex("ad6e6561726475705f73746f7265")
+    assert codec.pack_meta({"bands": 2}) == bytes.fromhex("81a562616e647302")
+    assert codec.unpack_meta(bytes.fromhex("81a562616e647302")) == {"bands": 2}
+
+
+EXPORT_HEADER = bytes.fromhex(
+    "85"  # a map of 5
+    "a6666f726d6174" "b46e6561726475705f73746f72652d6578706f7274"  # format
+    "a776657273696f6e" "01"  # version: 1
+    "a6636f6e666967" "81" "a86e756d5f7065726d" "04"  # config: {"num_perm": 4}
+    "a762616e64696e67" "82" "a562616e6473" "02" "a4726f7773" "02"  # banding
+    "af7061636b6167655f76657273696f6e" "a5302e312e30"  # package_version: "0.1.0"
+)  # fmt: skip
+EXPORT_RECORD_1 = bytes.fromhex(
+    "93"  # an array of 3
+    "a5646f632d31"  # key: str "doc-1"
+    "c410" "01000000" "02000000" "ffffffff" "78563412"  # signature: bin of 16 bytes
+    "82a16e01a162c40100"  # metadata
+)  # fmt: skip
+EXPORT_RECORD_2 = bytes.fromhex(
+    "93"
+    "c40300ff6b"  # key: bin b"\x00\xffk"
+    "c410" "00000000" "07000000" "00000080" "efbeadde"
+    "c0"  # metadata: nil
+)  # fmt: skip
+
+
+def test_export_header_and_records() -> None:
+    header = codec.export_header({"num_perm": 4}, {"bands": 2, "rows": 2}, "0.1.0")
+    assert header == EXPORT_HEADER
+    assert codec.export_record(codec.decode_record(RECORD_1)) == EXPORT_RECORD_1
+    assert codec.export_record(codec.decode_record(RECORD_2)) == EXPORT_RECORD_2
+
+
+def test_export_stream_reads_back() -> None:
+    stream = io.BytesIO(EXPORT_HEADER + EXPORT_RECORD_1 + EXPORT_RECORD_2)
+    objects = list(codec.stream_unpacker(stream))
+    assert objects[0] == {
+        "format": "neardup_store-export",
+        "version": 1,
+        "config": {"num_perm": 4},
+        "banding": {"bands": 2, "rows": 2},
+        "package_version": "0.1.0",
+    }
+    assert objects[1] == ["doc-1", SIGNATURE_1.astype("<u4").tobytes(), METADATA_1]
+    assert objects[2] == [b"\x00\xffk", SIGNATURE_2.astype("<u4").tobytes(), None]
+
+
+# -- decoding never runs code ------------------------------------------------------------------
+
+
+class Explosive:
+    """Records any attempt to rebuild it from stored bytes."""
+
+    built = 0
+
+    def __init__(self) -> None:
+        Explosive.built += 1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Explosive, ())
+
+
+EXT_42 = bytes.fromhex("d42a00")  # fixext 1: type 42, data b"\x00"
+TIMESTAMP_0 = bytes.fromhex("d6ff00000000")  # the timestamp extension (-1), 1970-01-01
+
+
+def test_extension_types_in_metadata_come_back_as_data() -> None:
+    record = codec.decode_record(reseal(RECORD_1[:29] + EXT_42))
+    assert record.metadata == msgpack.ExtType(42, b"\x00")
+    record = codec.decode_record(reseal(RECORD_1[:29] + TIMESTAMP_0))
+    assert record.metadata == msgpack.Timestamp(0)
+    assert codec.unpack_meta(EXT_42) == msgpack.ExtType(42, b"\x00")
+    assert list(codec.stream_unpacker(io.BytesIO(EXT_42))) == [msgpack.ExtType(42, b"\x00")]
+
+
+def test_metadata_is_never_pickled() -> None:
+    bomb = Explosive()
+    pickled = pickle.dumps(bomb)
+    Explosive.built = 0
+    # Pickle bytes stored as metadata are just bytes, never loaded.
+    packed = codec.pack_metadata({"payload": pickled})
+    assert packed is not None
+    record = codec.decode_record(codec.encode_record(b"k", True, SIGNATURE_1, packed))
+    assert record.metadata == {"payload": pickled} and Explosive.built == 0
+    # Objects msgpack cannot represent are refused, not pickled.
+    with pytest.raises(MetadataError):
+        codec.pack_metadata(bomb)
+    with pytest.raises(MetadataError):
+        codec.pack_metadata({"when": datetime.datetime(2024, 1, 1)})
+    assert Explosive.built == 0
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{1: "int key"}, {(1, 2): "tuple key"}, {None: "nil key"}, [{"deep": {2.5: "float key"}}]],
+)
+def test_metadata_that_would_not_read_back_is_refused(metadata: object) -> None:
+    with pytest.raises(MetadataError, match="would not read back"):
+        codec.pack_metadata(metadata)
+
+
+def test_metadata_size_limit() -> None:
+    assert codec.pack_metadata(b"x" * (codec.MAX_METADATA_BYTES - 5)) is not None  # bin32 header
+    with pytest.raises(MetadataError):
+        codec.pack_metadata(b"x" * codec.MAX_METADATA_BYTES)
+    assert codec.pack_metadata(None) is None
+
+
+# -- a real store writes what the spec says ----------------------------------------------------
+
+
+def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with Store.open(path, create=True, num_perm=4, bands=2, rows=2, seed=1) as store:
+        store.add("doc-1", signature=SIGNATURE_1, metadata=METADATA_1)
+        store.add(b"\x00\xffk", signature=SIGNATURE_2)
+        config, banding = store.config, store.banding
+    expected_bands = band_keys(np.stack([SIGNATURE_1, SIGNATURE_2]), banding, seed=1)
+    env = lmdb.open(str(path), max_dbs=16, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            names = sorted(bytes(k) for k, _ in txn.cursor())
+        assert names == [b"band.0.0000", b"band.0.0001", b"docs", b"keys", b"meta"]
+        docs, keys, meta = (env.open_db(n, create=False) for n in (b"docs", b"keys", b"meta"))
+        bands = [env.open_db(codec.band_table_name(0, i), create=False) for i in range(2)]
+        with env.begin() as txn:
+            assert list(txn.cursor(db=docs)) == [
+                (bytes.fromhex("0000000000000000"), RECORD_1),
+                (bytes.fromhex("0000000000000001"), RECORD_2),
+            ]
+            assert sorted(txn.cursor(db=keys)) == [
+                (b"b\x00\xffk", bytes.fromhex("0000000000000001")),
+                (b"sdoc-1", bytes.fromhex("0000000000000000")),
+            ]
+            for band, table in enumerate(bands):
+                assert sorted(txn.cursor(db=table)) == sorted(
+                    [
+                        (int(expected_bands[0, band]).to_bytes(8, "big"), codec.encode_id(0)),
+                        (int(expected_bands[1, band]).to_bytes(8, "big"), codec.encode_id(1)),
+                    ]
+                )
+            values: dict[str, Any] = {
+                bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor(db=meta)
+            }
+    finally:
+        env.close()
+    map_size = values.pop("map_size")
+    assert isinstance(map_size, int) and map_size > 0
+    assert values == {
+        "format": "neardup_store",
+        "format_version": 1,
+        "package_version": __version__,
+        "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
+        "config": config.to_dict(),
+        "banding": {"bands": 2, "rows": 2, "threshold": 0.8, "generation": 0},
+        "commit_counter": 2,
+        "next_doc_id": 2,
+    }
+    assert values["config"] == {
+        "num_perm": 4,
+        "scheme": "oph",
+        "seed": 1,
+        "shingles": {
+            "kind": "char",
+            "size": 5,
+            "bag": False,
+            "nfkc": True,
+            "casefold": True,
+            "collapse_whitespace": True,
+            "strip": True,
+            "allow_empty": False,
+            "hash_version": values["config"]["shingles"]["hash_version"],
+        },
+    }

@@ -1,0 +1,668 @@
+"""Maintenance against real stores: pairs, clusters, stats, check/repair, compact, rebuild,
+export/import and backup. Corruption is injected with raw LMDB writes, and the exclusive
+lock is tested with a real second process."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+import numpy as np
+import pytest
+
+from neardup_store import codec, integrity, maintenance
+from neardup_store.clusters import duplicate_groups, verified_pairs
+from neardup_store.demo import DemoCorpus, make_corpus
+from neardup_store.errors import (
+    CorruptRecordError,
+    DuplicateKeyError,
+    InvalidParameterError,
+    InvalidStreamError,
+    ReadOnlyError,
+    StoreBusyError,
+)
+from neardup_store.lsh import LSHParams, band_keys, choose_params
+from neardup_store.store import Store
+
+THRESHOLD = 0.7
+
+
+@pytest.fixture(scope="module")
+def corpus() -> DemoCorpus:
+    return make_corpus(300, 30, seed=11)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def _items(corpus: DemoCorpus) -> list[tuple[Any, str, Any]]:
+    """The corpus with metadata on every third document, and one bytes key."""
+    items: list[tuple[Any, str, Any]] = [
+        (key, text, {"n": i, "raw": b"\x00\xff"} if i % 3 == 0 else None)
+        for i, (key, text) in enumerate(corpus.documents.items())
+    ]
+    items.append((b"\x00bytes-key", "a document stored under a bytes key, with no twin", [1.5]))
+    return items
+
+
+@pytest.fixture(scope="module")
+def loaded_data(tmp_path_factory: pytest.TempPathFactory, corpus: DemoCorpus) -> Path:
+    """``data.mdb`` of a store holding the demo corpus, built once per module."""
+    path = tmp_path_factory.mktemp("template") / "store"
+    with Store.open(path, create=True, threshold=THRESHOLD) as template:
+        template.add_many(_items(corpus))
+    return path / "data.mdb"
+
+
+@pytest.fixture
+def store(store_path: Path, loaded_data: Path) -> Iterator[Store]:
+    """A store holding the demo corpus (threshold 0.7, default signature parameters):
+    a fresh copy of the module's template for each test."""
+    store_path.mkdir()
+    shutil.copyfile(loaded_data, store_path / "data.mdb")
+    with Store.open(store_path) as opened:
+        yield opened
+
+
+def _texts(corpus: DemoCorpus) -> list[str]:
+    return list(corpus.documents.values())
+
+
+def _answers(store: Store, corpus: DemoCorpus) -> list[list[Any]]:
+    return store.query_many(_texts(corpus))
+
+
+def _contents(store: Store) -> dict[Any, Any]:
+    with store.read() as txn:
+        return {key: txn.get(key) for key in txn}
+
+
+# -- pairs and clusters ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [7, 1024])
+def test_pairs_and_clusters_equal_the_in_memory_result(
+    store: Store, corpus: DemoCorpus, monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    monkeypatch.setattr(maintenance, "BATCH", batch)  # 7: many batch boundaries
+    keys = [key for key, _, _ in _items(corpus)]
+    sigs = store.hasher.signatures([text for _, text, _ in _items(corpus)])
+    found, scores = verified_pairs(sigs, store.banding, THRESHOLD, store.config.seed)
+    expected = [(keys[i], keys[j], float(s)) for (i, j), s in zip(found, scores, strict=True)]
+
+    got = [(p.first, p.second, p.score) for p in store.pairs()]
+
+    assert got == expected and len(got) > 40
+    groups = duplicate_groups(sigs, store.banding, THRESHOLD, store.config.seed)
+    assert store.clusters() == [[keys[i] for i in group] for group in groups]
+
+
+def test_pairs_respect_a_threshold_and_stream_lazily(store: Store) -> None:
+    everything = list(store.pairs())
+    strict = list(store.pairs(threshold=0.9))
+    assert strict == [p for p in everything if p.score >= 0.9] and strict
+    iterator = store.pairs()
+    first = next(iterator)
+    iterator.close()  # ends its snapshot
+    assert first == everything[0]
+    with pytest.raises(InvalidParameterError):
+        store.pairs(threshold=1.5)  # at the call, not at the first next()
+
+
+def test_pairs_and_clusters_of_a_store_without_duplicates(store_path: Path) -> None:
+    with Store.open(store_path, create=True) as empty:
+        assert list(empty.pairs()) == [] and empty.clusters() == []
+        empty.add("one", "a single document about nothing in particular at all")
+        assert empty.clusters() == []
+
+
+# -- stats ----------------------------------------------------------------------------------
+
+
+def test_stats_describe_the_store(store: Store, corpus: DemoCorpus) -> None:
+    documents = len(corpus.documents) + 1
+    stats = store.stats()
+    assert stats.documents == documents
+    assert stats.params == store.params.flat() and stats.generation == 0
+    assert stats.file_bytes == (store.path / "data.mdb").stat().st_size
+    assert 0 < stats.used_bytes <= stats.file_bytes <= stats.map_size
+    assert stats.commit_counter == 1  # one add_many batch
+    assert len(stats.bands) == store.banding.bands
+    for band in stats.bands:
+        assert band.entries == documents and sum(band.histogram) == band.buckets
+        sizes = sum(maintenance.bucket_size_range(i)[0] * n for i, n in enumerate(band.histogram))
+        assert sizes <= band.entries  # each bucket counted at least at its lower bound
+    assert [maintenance.bucket_size_range(i) for i in range(4)] == [(1, 1), (2, 2), (3, 4), (5, 8)]
+    store.add("late", "one more document, committed in a second transaction")
+    with store.read():
+        later = store.stats()
+    assert later.commit_counter == 2 and later.active_readers >= 1
+
+
+def test_stats_show_boilerplate_as_the_largest_bucket(store: Store) -> None:
+    boilerplate = "This page intentionally left blank. All rights reserved by the publisher."
+    store.add_many((f"blank-{i}", boilerplate) for i in range(25))
+    top = store.stats(largest=3).largest_buckets
+    assert len(top) == 3 and top[0].size == 25
+    assert [b.size for b in top] == sorted((b.size for b in top), reverse=True)
+    assert len(top[0].sample_keys) == 3 and all(k.startswith("blank-") for k in top[0].sample_keys)
+
+
+# -- check and repair -----------------------------------------------------------------------
+
+
+@contextmanager
+def raw_env(path: Path) -> Iterator[tuple[lmdb.Environment, dict[bytes, Any]]]:
+    """The store's environment opened with plain LMDB, and a handle for each of its tables.
+
+    The Store must be closed: LMDB forbids opening one environment twice in a process.
+    """
+    env = lmdb.open(str(path), max_dbs=128, map_size=1 << 30)
+    try:
+        with env.begin() as txn:
+            names = [bytes(name) for name, _ in txn.cursor()]
+        yield env, {name: env.open_db(name, create=False) for name in names}
+    finally:
+        env.close()
+
+
+def _doc_id(path: Path, key: str) -> bytes:
+    with raw_env(path) as (env, dbs), env.begin() as txn:
+        return bytes(txn.get(b"s" + key.encode(), db=dbs[codec.KEYS_DB]))
+
+
+def _band_key(path: Path, key: str, band: int) -> bytes:
+    with Store.open(path) as store, store.read() as txn:
+        return txn._band_key_rows(store.get(key).signature[None, :])[0][band]
+
+
+def _put(path: Path, table: bytes, key: bytes, value: bytes) -> None:
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        txn.put(key, value, db=dbs[table])
+
+
+def _delete(path: Path, table: bytes, key: bytes, value: bytes = b"") -> None:
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        assert txn.delete(key, value, db=dbs[table])
+
+
+def _wrong_bucket(path: Path) -> None:
+    _put(path, codec.band_table_name(0, 0), b"\x01" * 8, _doc_id(path, "doc-0003"))
+
+
+def _dangling_band_entry(path: Path) -> None:
+    _put(path, codec.band_table_name(0, 1), b"\x02" * 8, codec.encode_id(999_999))
+
+
+def _missing_band_entry(path: Path) -> None:
+    band_key = _band_key(path, "doc-0005", 2)
+    _delete(path, codec.band_table_name(0, 2), band_key, _doc_id(path, "doc-0005"))
+
+
+def _missing_key_entry(path: Path) -> None:
+    _delete(path, codec.KEYS_DB, b"sdoc-0007")
+
+
+def _key_to_another_doc(path: Path) -> None:
+    _put(path, codec.KEYS_DB, b"sdoc-0008", _doc_id(path, "doc-0009"))
+
+
+def _dangling_key_entry(path: Path) -> None:
+    _put(path, codec.KEYS_DB, b"sghost", codec.encode_id(123_456))
+
+
+def _stray_table(path: Path) -> None:
+    with raw_env(path) as (env, _), env.begin(write=True) as txn:
+        stray = env.open_db(codec.band_table_name(7, 0), txn=txn, dupsort=True)
+        txn.put(b"\x00" * 8, codec.encode_id(1), db=stray)
+
+
+def _next_id_too_low(path: Path) -> None:
+    _put(path, codec.META_DB, b"next_doc_id", codec.pack_meta(5))
+
+
+def _flipped_byte(path: Path) -> None:
+    doc_id = _doc_id(path, "doc-0010")
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        record = bytearray(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
+        record[20] ^= 0x40  # inside the signature: only the checksum can tell
+        txn.put(doc_id, bytes(record), db=dbs[codec.DOCS_DB])
+
+
+def _short_signature(path: Path) -> None:
+    record = codec.encode_record(b"doc-0011", True, np.arange(64, dtype=np.uint32), None)
+    _put(path, codec.DOCS_DB, _doc_id(path, "doc-0011"), record)
+
+
+def _missing_meta_entry(path: Path) -> None:
+    _delete(path, codec.META_DB, b"package_version")
+
+
+CORRUPTIONS = [
+    # (inject, the kinds check must report, repair fixes it)
+    (_wrong_bucket, {"band-orphan"}, True),
+    (_dangling_band_entry, {"band-orphan"}, True),
+    (_missing_band_entry, {"band-missing"}, True),
+    (_missing_key_entry, {"key-missing"}, True),
+    (_key_to_another_doc, {"key-mismatch", "key-orphan"}, True),
+    (_dangling_key_entry, {"key-orphan"}, True),
+    (_stray_table, {"stray-table"}, True),
+    (_next_id_too_low, {"doc-id"}, True),
+    (_flipped_byte, {"corrupt-record"}, False),
+    (_short_signature, {"signature-length"}, False),
+    (_missing_meta_entry, {"meta"}, False),
+]
+
+
+def test_check_is_clean_on_a_healthy_store(store: Store, corpus: DemoCorpus) -> None:
+    report = store.check()
+    assert report.ok and report.violations == [] and not report.repaired
+    assert report.documents_checked == len(corpus.documents) + 1
+    store.remove_many(["doc-0001", "doc-0002"])
+    assert store.check().ok
+
+
+def test_the_corruptions_cover_every_violation_kind() -> None:
+    assert {kind for _, found, _ in CORRUPTIONS for kind in found} == set(integrity.VIOLATION_KINDS)
+
+
+@pytest.mark.parametrize(
+    ("inject", "kinds", "repairable"), CORRUPTIONS, ids=[c[0].__name__ for c in CORRUPTIONS]
+)
+def test_check_finds_real_corruption_and_repair_fixes_what_it_can(
+    store: Store,
+    corpus: DemoCorpus,
+    inject: Callable[[Path], None],
+    kinds: set[str],
+    repairable: bool,
+) -> None:
+    path = store.path
+    store.close()
+    inject(path)
+    with Store.open(path) as damaged:
+        report = damaged.check()
+        assert not report.ok and report.kinds() == kinds, report.violations
+        assert all(v.detail for v in report.violations)
+
+        repaired = damaged.check(repair=True)
+
+        assert repaired.repaired and repaired.kinds() == kinds
+        if repairable:
+            assert repaired.ok and repaired.remaining == [] and damaged.check().ok
+            text = corpus.documents["doc-0005"]
+            assert damaged.query(text)[0].key == "doc-0005"
+            damaged.add("after-repair", text + " And one more sentence.")
+        else:
+            assert {v.kind for v in repaired.remaining} == kinds and not repaired.ok
+
+
+def test_check_finds_a_corrupt_record_without_failing_itself(store: Store) -> None:
+    path = store.path
+    store.close()
+    _flipped_byte(path)
+    with Store.open(path) as damaged:
+        (violation,) = damaged.check().violations
+        assert violation.kind == "corrupt-record" and "checksum" in violation.detail
+        assert violation.doc_id == codec.decode_id(_doc_id_open(damaged, "doc-0010"))
+        with pytest.raises(CorruptRecordError):
+            damaged.get("doc-0010")
+
+
+def _doc_id_open(store: Store, key: str) -> bytes:
+    with store.read() as txn:
+        found = txn._lookup(key)
+    assert found is not None
+    return found[0]
+
+
+def test_repair_needs_a_writable_store(store: Store) -> None:
+    path = store.path
+    store.close()
+    with Store.open(path, read_only=True) as reader:
+        assert reader.check().ok
+        with pytest.raises(ReadOnlyError):
+            reader.check(repair=True)
+
+
+def test_read_only_stores_can_be_inspected_exported_and_backed_up(
+    store: Store, tmp_path: Path
+) -> None:
+    clusters, path = store.clusters(), store.path
+    store.close()
+    with Store.open(path, read_only=True) as reader:
+        assert reader.clusters() == clusters and reader.stats().documents == len(reader)
+        assert reader.backup(tmp_path / "backup").documents == len(reader)
+        data = io.BytesIO()
+        assert reader.export(data) == len(reader)
+        with pytest.raises(ReadOnlyError):
+            reader.import_(io.BytesIO(data.getvalue()))
+
+
+# -- compaction -----------------------------------------------------------------------------
+
+
+def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCorpus) -> None:
+    keep = {key for group in corpus.planted for key in group}
+    store.remove_many([key for key in corpus.documents if key not in keep])
+    before_answers = _answers(store, corpus)
+    before_contents = _contents(store)
+    free_before = store.stats().free_pages
+    estimate = store.compact(dry_run=True)
+
+    report = store.compact()
+
+    assert estimate.dry_run and estimate.bytes_before == report.bytes_before
+    assert estimate.bytes_after == report.bytes_after
+
+    assert report.bytes_after < 0.7 * report.bytes_before
+    assert report.bytes_after == (store.path / "data.mdb").stat().st_size
+    assert report.reclaimed_bytes == report.bytes_before - report.bytes_after
+    assert store.stats().free_pages < free_before
+    assert _answers(store, corpus) == before_answers
+    assert _contents(store) == before_contents
+    assert store.check().ok
+    assert not [p for p in store.path.iterdir() if p.name.startswith(".compact-")]
+    store.add("after-compact", "the store stays writable after it was compacted")
+    store.close()
+    with Store.open(store.path) as reopened:
+        assert _answers(reopened, corpus) == before_answers and "after-compact" in reopened
+
+
+def test_compact_and_rebuild_refuse_a_read_only_store(store: Store) -> None:
+    path = store.path
+    store.close()
+    with Store.open(path, read_only=True) as reader:
+        with pytest.raises(ReadOnlyError):
+            reader.compact()
+        with pytest.raises(ReadOnlyError):
+            reader.rebuild(threshold=0.8)
+
+
+_CHILD = """
+import sys
+from neardup_store.store import Store
+from neardup_store.errors import StoreBusyError
+path, store = sys.argv[1], None
+for line in sys.stdin:
+    command, *args = line.split()
+    if command == "open":
+        store = Store.open(path)
+        reply = "opened"
+    elif command == "add":
+        store.add(args[0], " ".join(args[1:]))
+        reply = "added"
+    elif command == "compact":
+        try:
+            store.compact()
+            reply = "compacted"
+        except StoreBusyError:
+            reply = "busy"
+    elif command == "close":
+        store.close()
+        reply = "closed"
+    else:
+        break
+    print(reply, flush=True)
+"""
+
+
+class _Child:
+    """A second process holding the store, driven line by line."""
+
+    def __init__(self, path: Path) -> None:
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def __call__(self, command: str) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.communicate("quit\n", timeout=10)
+
+
+def test_compact_and_rebuild_refuse_while_another_process_has_the_store(
+    store: Store, corpus: DemoCorpus
+) -> None:
+    child = _Child(store.path)
+    try:
+        assert child("open") == "opened"
+        assert child("add from-child a document the other process committed") == "added"
+        size = (store.path / "data.mdb").stat().st_size
+        with pytest.raises(StoreBusyError) as caught:
+            store.compact()
+        assert caught.value.operation == "compact"
+        with pytest.raises(StoreBusyError):
+            store.rebuild(threshold=0.8)
+        assert store.threshold == THRESHOLD and (store.path / "data.mdb").stat().st_size == size
+        # The failed upgrades kept this process's shared lock: the child is refused too.
+        assert child("compact") == "busy"
+        assert child("close") == "closed"
+
+        assert store.compact().bytes_after > 0
+        assert "from-child" in store and store.check().ok
+
+        # Compaction restored the shared lock: a process opening now is refused in turn.
+        assert child("open") == "opened"
+        assert child("compact") == "busy"
+        assert store.query(corpus.documents["doc-0004"])[0].key == "doc-0004"
+    finally:
+        child.stop()
+
+
+# -- rebuild --------------------------------------------------------------------------------
+
+
+def test_rebuild_with_a_new_threshold(store: Store, corpus: DemoCorpus) -> None:
+    before = store.clusters()
+
+    report = store.rebuild(threshold=0.8)
+
+    assert report.generation == 1 and report.documents == len(corpus.documents) + 1
+    assert report.old_params.threshold == THRESHOLD and report.new_params.threshold == 0.8
+    assert store.banding == choose_params(0.8, 128) != report.old_params.banding
+    assert store.check().ok
+    sigs = np.stack([store.get(k).signature for k in corpus.documents])
+    keys = list(corpus.documents)
+    groups = duplicate_groups(sigs, store.banding, 0.8, store.config.seed)
+    after = store.clusters()
+    assert after == [[keys[i] for i in g] for g in groups]
+    assert all(any(set(a) <= set(b) for b in before) for a in after)  # stricter: subsets
+    for pair in store.pairs():  # every duplicate is still found by a query
+        assert pair.second in {m.key for m in store.query(corpus.documents[str(pair.first)])}
+    store.close()
+    with Store.open(store.path) as reopened:
+        assert reopened.params == report.new_params and reopened.stats().generation == 1
+    with raw_env(store.path) as (env, dbs), env.begin() as txn:  # never with a Store open
+        names = [bytes(k) for k, _ in txn.cursor()]
+        assert not [n for n in names if n.startswith(b"band.0.")]
+        assert len([n for n in names if n.startswith(b"band.1.")]) == store.banding.bands
+        # The rewritten tables follow the format: big-endian band key -> big-endian id.
+        doc_id = bytes(txn.get(b"sdoc-0004", db=dbs[codec.KEYS_DB]))
+        signature = codec.decode_signature(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
+        expected = band_keys(signature, store.banding, store.config.seed)[0]
+        for band, value in enumerate(expected):
+            with txn.cursor(db=dbs[codec.band_table_name(1, band)]) as cursor:
+                assert cursor.set_key_dup(int(value).to_bytes(8, "big"), doc_id)
+
+
+def test_rebuild_to_many_more_bands_reopens_the_environment(
+    store: Store, corpus: DemoCorpus
+) -> None:
+    answers = _answers(store, corpus)
+    store.rebuild(bands=42, rows=3)  # more tables than the environment was opened for
+    assert store.banding == LSHParams(42, 3) and store.threshold == THRESHOLD
+    assert store.check().ok
+    found = _answers(store, corpus)
+    for old, new in zip(answers, found, strict=True):  # more bands: at least the same matches
+        assert {m.key for m in old} <= {m.key for m in new}
+    store.rebuild(bands=4, rows=8)
+    assert store.check().ok and store.stats().generation == 2
+
+
+def test_rebuild_that_fills_the_map_grows_it_and_redoes_the_transaction(
+    store: Store, corpus: DemoCorpus
+) -> None:
+    env = store._env
+    assert env is not None
+    # Leave just over a quarter of the map free: the write does not grow it up front, and
+    # the new band tables (written before the old pages can be reused) do not fit.
+    env.set_mapsize((int(store._used_bytes() / 0.74) // 4096 + 1) * 4096)
+    size = env.info()["map_size"]
+    store.rebuild(bands=42, rows=3)  # also reopens the environment, for more tables
+    assert store._env is not None and store._env.info()["map_size"] > size
+    assert store.banding == LSHParams(42, 3) and store.check().ok
+    assert store.query(corpus.documents["doc-0004"])[0].key == "doc-0004"
+
+
+def test_rebuild_rejects_bad_banding_and_changes_nothing(store: Store) -> None:
+    with pytest.raises(InvalidParameterError):
+        store.rebuild(bands=10)
+    with pytest.raises(InvalidParameterError):
+        store.rebuild(bands=20, rows=10)  # 200 values > num_perm 128
+    with pytest.raises(InvalidParameterError):
+        store.rebuild(threshold=0.0)
+    assert store.params.threshold == THRESHOLD and store.stats().generation == 0
+
+
+def test_rebuild_stops_on_a_corrupt_record_and_leaves_the_store_usable(
+    store: Store, corpus: DemoCorpus
+) -> None:
+    path = store.path
+    store.close()
+    _flipped_byte(path)
+    with Store.open(path) as damaged:
+        params = damaged.params
+        with pytest.raises(CorruptRecordError):
+            damaged.rebuild(threshold=0.8)
+        assert damaged.params == params and damaged.stats().generation == 0
+        assert damaged.query(corpus.documents["doc-0004"])[0].key == "doc-0004"
+        assert damaged.check().kinds() == {"corrupt-record"}
+
+
+# -- export and import ----------------------------------------------------------------------
+
+
+def _export(store: Store) -> bytes:
+    out = io.BytesIO()
+    assert store.export(out) == len(store)
+    return out.getvalue()
+
+
+def test_export_import_round_trip_into_a_store_with_other_banding(
+    store: Store, tmp_path: Path, corpus: DemoCorpus
+) -> None:
+    data = _export(store)
+    with Store.open(tmp_path / "other", create=True, threshold=0.85) as other:
+        assert other.banding != store.banding
+        assert other.import_(io.BytesIO(data), batch_size=64) == len(store)
+        assert _contents(other) == _contents(store)
+        assert list(other) == list(store)  # insertion order kept
+        assert other.check().ok
+        with pytest.raises(DuplicateKeyError):
+            other.import_(io.BytesIO(data))
+        assert other.import_(io.BytesIO(data), replace=True) == len(store)
+
+
+def test_create_from_export_gives_equal_contents_and_answers(
+    store: Store, tmp_path: Path, corpus: DemoCorpus
+) -> None:
+    data = _export(store)
+    with Store.create_from_export(tmp_path / "copy", io.BytesIO(data)) as copy:
+        assert copy.params == store.params
+        assert _contents(copy) == _contents(store)
+        assert _answers(copy, corpus) == _answers(store, corpus)
+    with pytest.raises(InvalidParameterError):
+        Store.create_from_export(store.path, io.BytesIO(data))
+
+
+def test_import_refuses_another_signature_configuration(store: Store, tmp_path: Path) -> None:
+    data = _export(store)
+    with Store.open(tmp_path / "small", create=True, num_perm=64, seed=9) as small:
+        with pytest.raises(InvalidStreamError) as caught:
+            small.import_(io.BytesIO(data))
+        assert "num_perm: store has 64, stream has 128" in str(caught.value)
+        assert "seed: store has 9, stream has 1" in str(caught.value)
+        assert len(small) == 0
+
+
+def _header(store: Store) -> bytes:
+    return codec.export_header(store.config.to_dict(), {"bands": 1}, "0")
+
+
+def _record(key: Any, signature: bytes, metadata: Any = None) -> bytes:
+    return msgpack.packb([key, signature, metadata], use_bin_type=True)
+
+
+BAD_STREAMS: dict[str, Callable[[Store, bytes], bytes]] = {
+    "empty": lambda store, good: b"",
+    "not msgpack": lambda store, good: b"\xc1\xc1\xc1",
+    "not an export": lambda store, good: msgpack.packb({"format": "something-else"}),
+    "future version": lambda store, good: msgpack.packb(
+        {"format": codec.EXPORT_FORMAT, "version": 99, "config": {}, "banding": {}}
+    ),
+    "truncated": lambda store, good: good[:-5],
+    "short signature": lambda store, good: _header(store) + _record("k", b"\x00" * 12),
+    "record not an array": lambda store, good: _header(store) + msgpack.packb({"k": 1}),
+    "empty key": lambda store, good: _header(store) + _record("", b"\x00" * 512),
+    "integer key": lambda store, good: _header(store) + _record(7, b"\x00" * 512),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_STREAMS))
+def test_bad_streams_raise_and_import_nothing(store: Store, tmp_path: Path, name: str) -> None:
+    stream = BAD_STREAMS[name](store, _export(store))
+    with Store.open(tmp_path / "target", create=True, threshold=THRESHOLD) as target:
+        with pytest.raises(InvalidStreamError):
+            target.import_(io.BytesIO(stream))
+        assert len(target) == 0 and target.stats().commit_counter == 0
+
+
+def test_a_bad_record_keeps_earlier_batches_and_drops_its_own(store: Store, tmp_path: Path) -> None:
+    good = _export(store)
+    stream = good + _record("bad", b"\x00" * 3)
+    with Store.open(tmp_path / "target", create=True, threshold=THRESHOLD) as target:
+        with pytest.raises(InvalidStreamError, match="record #302"):
+            target.import_(io.BytesIO(stream), batch_size=100)
+        assert len(target) == 300  # three full batches; the fourth held the bad record
+
+
+# -- backup ---------------------------------------------------------------------------------
+
+
+def test_backup_is_a_hot_consistent_copy(store: Store, tmp_path: Path, corpus: DemoCorpus) -> None:
+    with store.write() as txn:  # a writer in progress is not part of the copy
+        txn.add("uncommitted-yet", "written before the backup, committed after it")
+        report = maintenance.backup(store, tmp_path / "backup")
+    assert report.documents == len(corpus.documents) + 1
+    with Store.open(tmp_path / "backup", read_only=True) as copy:
+        assert copy.params == store.params and copy.check().ok
+        assert "uncommitted-yet" not in copy and "uncommitted-yet" in store
+        expected = _contents(store)
+        del expected["uncommitted-yet"]
+        assert _contents(copy) == expected
+        assert _answers(copy, corpus) == _answers(store, corpus)
+        assert report.file_bytes == (tmp_path / "backup" / "data.mdb").stat().st_size
+    with pytest.raises(InvalidParameterError):
+        store.backup(tmp_path / "backup")

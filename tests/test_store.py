@@ -1,0 +1,1122 @@
+"""The store API on real LMDB stores: open, transactions, documents, queries, growth, processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import string
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from neardup_store import codec
+from neardup_store.errors import (
+    DuplicateKeyError,
+    EmptyDocumentError,
+    ForkedStoreError,
+    FormatVersionError,
+    InvalidKeyError,
+    InvalidParameterError,
+    KeyNotFoundError,
+    MetadataError,
+    NotAStoreError,
+    ParamsMismatchError,
+    ReadOnlyError,
+    StoreBusyError,
+    StoreClosedError,
+    StoreNotFoundError,
+)
+from neardup_store.lsh import LSHParams
+from neardup_store.minhash import MinHashConfig, MinHasher
+from neardup_store.similarity import estimate_jaccard, hashed_jaccard
+from neardup_store.store import Store
+from neardup_store.text import ShingleConfig
+from neardup_store.txn import Document, WriteTxn
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# 32 bands of 4 rows: pairs above 0.7 become candidates with probability > 0.999, so the
+# near-duplicate pairs of the corpus (Jaccard 0.8 and 0.9) are found for certain.
+PARAMS: dict[str, Any] = {"threshold": 0.7, "num_perm": 128, "bands": 32, "rows": 4}
+KiB = 1024
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    """Where a store goes (nothing there yet)."""
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Store]:
+    """A new store with :data:`PARAMS`, closed after the test."""
+    with Store.open(store_path, create=True, **PARAMS) as opened:
+        yield opened
+
+
+def random_texts(count: int, seed: int = 0, length: int = 200) -> list[str]:
+    """Texts of random letters: no two share more than a few 5-shingles."""
+    rng = random.Random(seed)
+    return ["".join(rng.choices(string.ascii_lowercase + " ", k=length)) for _ in range(count)]
+
+
+def commit_counter(store: Store) -> int:
+    with store.read() as txn:
+        return int(store._read_meta(txn.txn, "commit_counter"))
+
+
+def raw_meta(path: Path) -> dict[str, Any]:
+    """The ``meta`` table of a closed store, read with plain LMDB."""
+    env = lmdb.open(str(path), max_dbs=4, readonly=True, lock=False)
+    try:
+        with env.begin(db=env.open_db(codec.META_DB, create=False)) as txn:
+            return {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
+    finally:
+        env.close()
+
+
+def write_raw_meta(path: Path, name: str, value: object) -> None:
+    """Overwrite one ``meta`` value of a closed store with plain LMDB."""
+    env = lmdb.open(str(path), max_dbs=4)
+    try:
+        meta_db = env.open_db(codec.META_DB, create=False)
+        with env.begin(write=True) as txn:
+            txn.put(name.encode(), codec.pack_meta(value), db=meta_db)
+    finally:
+        env.close()
+
+
+def snapshot(store: Store) -> list[tuple[object, bytes, object]]:
+    """Every document (key, signature bytes, metadata), in order: to compare whole states."""
+    with store.read() as txn:
+        return [(key, (doc := txn.get(key)).signature.tobytes(), doc.metadata) for key in txn]
+
+
+class CountingHasher(MinHasher):
+    """A real hasher that records the size of each batch it signs."""
+
+    def __init__(self, config: MinHashConfig) -> None:
+        super().__init__(config)
+        self.batches: list[int] = []
+
+    def signatures(self, documents: Any, encoding: str | None = None) -> npt.NDArray[np.uint32]:
+        documents = list(documents)
+        self.batches.append(len(documents))
+        return super().signatures(documents, encoding)
+
+
+# -- opening -----------------------------------------------------------------------------------
+
+
+CREATE_PARAMS: dict[str, Any] = {
+    "threshold": 0.6,
+    "num_perm": 64,
+    "scheme": "kperm",
+    "seed": 7,
+    "shingles": ShingleConfig(kind="word", size=2),
+    "bands": 8,
+    "rows": 4,
+}
+
+
+def test_create_then_reopen_reads_the_parameters_back(store_path: Path) -> None:
+    with Store.open(store_path, create=True, **CREATE_PARAMS) as created:
+        created.add("a", "the parameters of this store were chosen on purpose")
+        params = created.params
+    assert params.config == MinHashConfig(64, "kperm", 7, ShingleConfig(kind="word", size=2))
+    assert params.banding == LSHParams(8, 4) and params.threshold == 0.6
+    with Store.open(store_path) as reopened:
+        assert reopened.params == params
+        assert reopened.hasher.config == params.config
+        assert reopened.get("a").signature.shape == (64,)
+    with Store.open(store_path, create=True, **CREATE_PARAMS) as same:  # equal: fine
+        assert same.params == params and len(same) == 1
+
+
+@pytest.mark.parametrize(
+    ("asked", "names"),
+    [
+        ({"threshold": 0.7}, {"threshold"}),
+        ({"num_perm": 128}, {"num_perm"}),
+        ({"scheme": "oph"}, {"scheme"}),
+        ({"seed": 8}, {"seed"}),
+        ({"shingles": ShingleConfig(kind="word", size=3)}, {"shingle_size"}),
+        ({"shingles": ShingleConfig(kind="char", size=2)}, {"shingle_kind"}),
+        ({"shingles": ShingleConfig(kind="word", size=2, bag=True)}, {"bag"}),
+        ({"bands": 16, "rows": 4}, {"bands"}),
+        ({"bands": 8, "rows": 2}, {"rows"}),
+        ({"num_perm": 32, "seed": 1}, {"num_perm", "seed"}),
+    ],
+)
+def test_reopen_with_conflicting_parameters_names_them(
+    store_path: Path, asked: dict[str, Any], names: set[str]
+) -> None:
+    Store.open(store_path, create=True, **CREATE_PARAMS).close()
+    with pytest.raises(ParamsMismatchError) as raised:
+        Store.open(store_path, **asked)
+    assert set(raised.value.conflicts) == names
+    assert all(name in str(raised.value) for name in names)
+    with Store.open(store_path) as still_fine:  # the failed open left nothing behind
+        assert still_fine.params.config.num_perm == 64
+
+
+def test_missing_store_raises_store_not_found(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFoundError) as raised:
+        Store.open(tmp_path / "nothing-here")
+    assert raised.value.path == str(tmp_path / "nothing-here")
+    assert not (tmp_path / "nothing-here").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreNotFoundError):
+        Store.open(tmp_path / "empty")
+
+
+def _make_file(path: Path) -> None:
+    path.write_bytes(b"not a directory")
+
+
+def _make_plain_env(path: Path) -> None:
+    env = lmdb.open(str(path))
+    with env.begin(write=True) as txn:
+        txn.put(b"some", b"data")
+    env.close()
+
+
+def _make_foreign_env(path: Path) -> None:
+    env = lmdb.open(str(path), max_dbs=2)
+    other = env.open_db(b"other")
+    with env.begin(write=True) as txn:
+        txn.put(b"meta", b"a plain key in the main table")
+        txn.put(b"k", b"v", db=other)
+    env.close()
+
+
+def _make_env_with_other_meta(path: Path) -> None:
+    env = lmdb.open(str(path), max_dbs=2)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(b"format", codec.pack_meta("something_else"), db=meta)
+    env.close()
+
+
+def _make_env_with_garbled_meta(path: Path) -> None:
+    env = lmdb.open(str(path), max_dbs=2)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"\xc1 not msgpack", db=meta)
+    env.close()
+
+
+def _make_garbage_data_file(path: Path) -> None:
+    path.mkdir()
+    (path / "data.mdb").write_bytes(bytes(range(256)) * 64)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _make_file,
+        _make_plain_env,
+        _make_foreign_env,
+        _make_env_with_other_meta,
+        _make_env_with_garbled_meta,
+        _make_garbage_data_file,
+    ],
+)
+@pytest.mark.parametrize("create", [False, True])
+def test_something_else_at_the_path_raises_not_a_store(
+    tmp_path: Path, make: Callable[[Path], None], create: bool
+) -> None:
+    path = tmp_path / "thing"
+    make(path)
+    with pytest.raises(NotAStoreError) as raised:
+        Store.open(path, create=create)
+    assert raised.value.path == str(path)
+
+
+def test_unknown_format_version_raises_format_version_error(store_path: Path) -> None:
+    Store.open(store_path, create=True).close()
+    write_raw_meta(store_path, "format_version", codec.FORMAT_VERSION + 1)
+    with pytest.raises(FormatVersionError) as raised:
+        Store.open(store_path)
+    assert raised.value.found == codec.FORMAT_VERSION + 1
+    assert raised.value.supported == codec.FORMAT_VERSION
+    with pytest.raises(FormatVersionError):
+        Store.open(store_path, read_only=True)
+
+
+def test_read_only_store_reads_and_refuses_writes(
+    store_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    with Store.open(store_path, create=True, **PARAMS) as writable:
+        writable.add_many(near_dup_corpus.items())
+        before = snapshot(writable)
+    with Store.open(store_path, read_only=True) as store:
+        assert store.read_only and "read-only" in repr(store)
+        assert snapshot(store) == before and len(store) == 5 and "storm-a" in store
+        assert [m.key for m in store.query(near_dup_corpus["recipe-a"])] == [
+            "recipe-a",
+            "recipe-b",
+        ]
+        refused: list[Callable[[], object]] = [
+            lambda: store.add("new", "a new document text"),
+            lambda: store.add_many([("new", "a new document text")]),
+            lambda: store.remove("storm-a"),
+            lambda: store.remove_many(["storm-a"]),
+            lambda: store.add_if_unique("new", "a new document text"),
+            lambda: store.add_many_if_unique([("new", "a new document text")]),
+            lambda: store.write().__enter__(),
+        ]
+        for attempt in refused:
+            with pytest.raises(ReadOnlyError):
+                attempt()
+        store.sync()  # nothing to flush: not an error
+        assert snapshot(store) == before
+    with pytest.raises(InvalidParameterError):
+        Store.open(store_path, create=True, read_only=True)
+
+
+def test_context_manager_closes_and_later_use_raises(store_path: Path) -> None:
+    with Store.open(store_path, create=True) as store:
+        store.add("a", "some text to store and read back")
+        with store.read() as txn:
+            pass
+    assert "closed" in repr(store)
+    closed_calls: list[Callable[[], object]] = [
+        lambda: store.get("a"),
+        lambda: len(store),
+        lambda: "a" in store,
+        lambda: list(store),
+        lambda: store.add("b", "another text"),
+        lambda: store.remove("a"),
+        lambda: store.query("some text to store and read back"),
+        lambda: store.read().__enter__(),
+        lambda: store.sync(),
+        lambda: txn.get("a"),  # a transaction used after its block
+    ]
+    for call in closed_calls:
+        with pytest.raises(StoreClosedError):
+            call()
+    store.close()  # idempotent
+
+
+# -- transactions ------------------------------------------------------------------------------
+
+
+def test_write_block_commits_everything_together(store: Store) -> None:
+    texts = random_texts(4)
+    store.add("old", texts[0])
+    counter = commit_counter(store)
+    with store.write() as txn:
+        txn.add("a", texts[1])
+        txn.add_many([("b", texts[2]), ("c", texts[3], {"n": 3})])
+        txn.remove("old")
+        assert len(txn) == 3  # the transaction sees its own writes
+    assert list(store) == ["a", "b", "c"]
+    assert commit_counter(store) == counter + 1
+
+
+def test_exception_in_write_block_rolls_back_everything(store: Store) -> None:
+    texts = random_texts(6)
+    store.add_many([("keep", texts[0]), ("replaced", texts[1]), ("removed", texts[2])])
+    before, counter = snapshot(store), commit_counter(store)
+
+    def write_then_fail() -> None:
+        with store.write() as txn:
+            txn.add("new", texts[3])
+            txn.add("replaced", texts[4], replace=True)
+            txn.remove("removed")
+            txn.add_many([("x", texts[5])])
+            assert len(txn) == 4
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        write_then_fail()
+    assert snapshot(store) == before and commit_counter(store) == counter
+    assert [m.key for m in store.query(texts[2])] == ["removed"]
+    assert store.query(texts[3]) == [] and store.query(texts[4]) == []
+
+
+FAILING_OPERATIONS: list[tuple[str, Callable[[WriteTxn, list[str]], object], type[Exception]]] = [
+    ("empty key", lambda txn, t: txn.add("", t[0]), InvalidKeyError),
+    ("int key", lambda txn, t: txn.add(7, t[0]), InvalidKeyError),  # type: ignore[arg-type]
+    ("object metadata", lambda txn, t: txn.add("m", t[0], metadata=object()), MetadataError),
+    ("int map key", lambda txn, t: txn.add("m", t[0], metadata={1: "x"}), MetadataError),
+    ("huge metadata", lambda txn, t: txn.add("m", t[0], metadata=b"x" * 70_000), MetadataError),
+    ("empty text", lambda txn, t: txn.add("m", "   "), EmptyDocumentError),
+    ("bad signature", lambda txn, t: txn.add("m", signature=[1, 2, 3]), InvalidParameterError),
+    ("duplicate add", lambda txn, t: txn.add("existing", t[0]), DuplicateKeyError),
+    (
+        "add_many hitting a stored key",
+        lambda txn, t: txn.add_many([("m1", t[0]), ("existing", t[1]), ("m2", t[2])]),
+        DuplicateKeyError,
+    ),
+    (
+        "add_many repeating a key",
+        lambda txn, t: txn.add_many([("m1", t[0]), ("m2", t[1]), ("m1", t[2])]),
+        DuplicateKeyError,
+    ),
+    (
+        "add_many with a bad item",
+        lambda txn, t: txn.add_many([("m1", t[0]), ("m2", t[1], {2: 2})]),
+        MetadataError,
+    ),
+    (
+        "add_many_if_unique hitting a stored key",
+        lambda txn, t: txn.add_many_if_unique([("m1", t[0]), ("existing", t[1])]),
+        DuplicateKeyError,
+    ),
+    ("remove of a missing key", lambda txn, t: txn.remove("missing"), KeyNotFoundError),
+    (
+        "remove_many with a missing key",
+        lambda txn, t: txn.remove_many(["existing", "missing"]),
+        KeyNotFoundError,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("operation", "error"),
+    [(op, err) for _, op, err in FAILING_OPERATIONS],
+    ids=[name for name, _, _ in FAILING_OPERATIONS],
+)
+def test_caught_error_inside_a_write_changes_nothing_and_the_rest_commits(
+    store: Store,
+    operation: Callable[[WriteTxn, list[str]], object],
+    error: type[Exception],
+) -> None:
+    texts = random_texts(6, seed=1)
+    store.add("existing", texts[5], metadata={"v": 1})
+    existing = store.get("existing")
+    with store.write() as txn:
+        txn.add("before", texts[3])
+        with pytest.raises(error):
+            operation(txn, texts)
+        txn.add("after", texts[4])
+    assert list(store) == ["existing", "before", "after"]
+    assert store.get("existing") == existing
+    for text in texts[:3]:  # no band entry of a failed document was left behind
+        assert store.query(text, threshold=0.1) == []
+
+
+def test_read_transaction_is_a_snapshot(store: Store) -> None:
+    texts = random_texts(3)
+    store.add("a", texts[0])
+    with store.read() as snap:
+        store.add("b", texts[1])
+        store.remove("a")
+        assert len(snap) == 1 and list(snap.keys()) == ["a"] and "b" not in snap
+        assert [m.key for m in snap.query(texts[0])] == ["a"] and snap.query(texts[1]) == []
+        assert snap.get("a").key == "a"
+        with pytest.raises(KeyNotFoundError):
+            snap.get("b")
+    with store.read() as fresh:
+        assert list(fresh.keys()) == ["b"]
+
+
+def test_read_transaction_does_not_see_another_process_commit(store: Store) -> None:
+    texts = random_texts(2)
+    store.add("a", texts[0])
+    with store.read() as snap:
+        writer = _python(
+            "-c",
+            "import sys; from neardup_store.store import Store\n"
+            "with Store.open(sys.argv[1]) as s:\n"
+            "    with s.write() as txn:\n"
+            "        txn.add('b', sys.argv[2]); txn.remove('a')\n",
+            str(store.path),
+            texts[1],
+        )
+        _finish(writer)
+        assert list(snap.keys()) == ["a"] and len(snap) == 1 and snap.query(texts[1]) == []
+    assert list(store) == ["b"] and [m.key for m in store.query(texts[1])] == ["b"]
+
+
+def test_write_transaction_sees_its_own_writes(store: Store) -> None:
+    texts = random_texts(2)
+    with store.write() as txn:
+        txn.add("a", texts[0], metadata=[1])
+        assert "a" in txn and len(txn) == 1 and txn.get("a").metadata == [1]
+        assert [m.key for m in txn.query(texts[0])] == ["a"]
+        txn.add("a", texts[1], metadata=[2], replace=True)
+        assert [m.key for m in txn.query(texts[1])] == ["a"] and txn.query(texts[0]) == []
+        txn.remove("a")
+        assert "a" not in txn and len(txn) == 0 and list(txn) == []
+    assert len(store) == 0
+
+
+# -- documents ---------------------------------------------------------------------------------
+
+
+METADATA = {
+    "url": "https://example.com/ü",
+    "tags": ["a", "b", {"nested": [1, 2.5, None, True]}],
+    "raw": b"\x00\xff bytes",
+    "count": -3,
+    "big": 2**63,
+    "empty": {},
+}
+
+
+def test_get_returns_the_signature_of_the_text_and_the_metadata(store: Store) -> None:
+    text = "Get returns what was stored: the signature and the metadata."
+    assert store.add("doc", text, metadata=METADATA) is False
+    doc = store.get("doc")
+    expected = MinHasher(store.config).signature(text)
+    assert doc.key == "doc" and doc.signature.dtype == np.uint32
+    assert np.array_equal(doc.signature, expected)
+    assert doc.metadata == METADATA and isinstance(doc.metadata["raw"], bytes)
+    assert doc == Document("doc", expected, METADATA)
+    store.add("no-meta", text)
+    assert store.get("no-meta").metadata is None
+
+
+def test_add_by_signature(store: Store, near_dup_corpus: dict[str, str]) -> None:
+    signature = store.hasher.signature(near_dup_corpus["storm-a"])
+    store.add(b"by-sig", signature=signature, metadata={"k": "v"})
+    store.add("by-sig-int64", signature=signature.astype(np.int64))
+    assert np.array_equal(store.get(b"by-sig").signature, signature)
+    assert [m.key for m in store.query(near_dup_corpus["storm-a"])] == [b"by-sig", "by-sig-int64"]
+    with pytest.raises(InvalidParameterError):
+        store.add("both", near_dup_corpus["storm-a"], signature=signature)
+    with pytest.raises(InvalidParameterError):
+        store.add("neither")
+    with pytest.raises(InvalidParameterError):
+        store.add("float", signature=signature.astype(np.float64))
+    with pytest.raises(InvalidParameterError):
+        store.add("short", signature=signature[:64])
+    with pytest.raises(InvalidParameterError):
+        store.add("negative", signature=-signature.astype(np.int64) - 1)
+    assert len(store) == 2
+
+
+def test_duplicate_key_and_replace(store: Store, near_dup_corpus: dict[str, str]) -> None:
+    old, new = near_dup_corpus["storm-a"], near_dup_corpus["recipe-a"]
+    store.add("k", old, metadata=1)
+    with pytest.raises(DuplicateKeyError) as raised:
+        store.add("k", new)
+    assert raised.value.key == "k" and store.get("k").metadata == 1
+    assert store.add("k", new, metadata=2, replace=True) is True
+    assert len(store) == 1 and store.get("k").metadata == 2
+    assert np.array_equal(store.get("k").signature, store.hasher.signature(new))
+    assert [m.key for m in store.query(new)] == ["k"]
+    assert store.query(old) == []  # the old band entries are gone
+    assert store.add("other", old, replace=True) is False
+
+
+def test_add_many_signs_the_whole_batch_at_once(store: Store) -> None:
+    hasher = store.hasher = CountingHasher(store.config)
+    texts = random_texts(7)
+    assert store.add_many([(f"k{i}", text) for i, text in enumerate(texts)], batch_size=None) == 7
+    assert hasher.batches == [7]
+    for i, text in enumerate(texts):
+        assert np.array_equal(store.get(f"k{i}").signature, MinHasher(store.config).signature(text))
+
+
+def test_add_many_commits_in_bounded_batches(store: Store) -> None:
+    hasher = store.hasher = CountingHasher(store.config)
+    texts = random_texts(10)
+    counter = commit_counter(store)
+    assert store.add_many(((f"k{i}", t, {"i": i}) for i, t in enumerate(texts)), batch_size=4) == 10
+    assert hasher.batches == [4, 4, 2] and commit_counter(store) == counter + 3
+    assert list(store) == [f"k{i}" for i in range(10)] and store.get("k9").metadata == {"i": 9}
+    # A failing batch rolls back alone: batches before it stay committed.
+    items = [(f"n{i}", t) for i, t in enumerate(random_texts(7, seed=1))] + [("n0", texts[0])]
+    with pytest.raises(DuplicateKeyError):
+        store.add_many(items, batch_size=3)
+    assert list(store)[10:] == [f"n{i}" for i in range(6)]
+    with pytest.raises(InvalidParameterError):
+        store.add_many(items, batch_size=0)
+    with pytest.raises(InvalidParameterError):
+        store.add_many(["not a tuple"])  # type: ignore[list-item]
+
+
+def test_add_many_duplicate_keys_within_a_batch(store: Store) -> None:
+    texts = random_texts(3)
+    with pytest.raises(DuplicateKeyError) as raised:
+        store.add_many([("a", texts[0]), ("b", texts[1]), ("a", texts[2])])
+    assert raised.value.key == "a" and len(store) == 0
+    assert store.add_many([("a", texts[0]), ("b", texts[1]), ("a", texts[2])], replace=True) == 3
+    assert list(store) == ["b", "a"]
+    assert np.array_equal(store.get("a").signature, store.hasher.signature(texts[2]))
+    assert store.query(texts[0]) == []
+
+
+def test_remove_and_remove_many(store: Store) -> None:
+    texts = random_texts(5)
+    store.add_many([(f"k{i}", t) for i, t in enumerate(texts)])
+    assert store.remove("k0") is True and "k0" not in store
+    assert store.query(texts[0], threshold=0.1) == []
+    with pytest.raises(KeyNotFoundError) as raised:
+        store.remove("k0")
+    assert isinstance(raised.value, KeyError) and raised.value.key == "k0"
+    assert "k0" in str(raised.value) and not str(raised.value).startswith('"')
+    assert store.remove("k0", missing_ok=True) is False
+    with pytest.raises(KeyNotFoundError):
+        store.remove_many(["k1", "k0"])
+    assert len(store) == 4  # k1 was not removed
+    assert store.remove_many(["k1", "k0", "k1"], missing_ok=True) == 1
+    assert store.remove_many(["k2", "k3", "k2"]) == 2  # a key listed twice goes once
+    assert list(store) == ["k4"]
+    with pytest.raises(KeyError):
+        store.get("k2")
+
+
+def test_contains_len_and_iteration_in_insertion_order(store: Store) -> None:
+    keys: list[str | bytes] = ["zeta", b"alpha", "mid", b"\x00", "Ω"]
+    store.add_many(zip(keys, random_texts(len(keys)), strict=True))
+    assert list(store) == keys and len(store) == 5
+    assert all(key in store for key in keys) and "alpha" not in store and b"zeta" not in store
+    with store.read() as txn:
+        assert list(txn) == keys and list(txn.keys()) == keys
+
+
+def test_iteration_crosses_chunk_boundaries(store: Store) -> None:
+    # Store.__iter__ reads 1024 keys per short transaction.
+    count = 2100
+    store.add_many((f"key-{i:05d}", f"document number {i} of many") for i in range(count))
+    store.remove_many([f"key-{i:05d}" for i in (0, 1023, 1024, 2047, 2099)])
+    expected = [f"key-{i:05d}" for i in range(count) if i not in (0, 1023, 1024, 2047, 2099)]
+    assert list(store) == expected and len(store) == len(expected)
+
+
+def test_str_and_bytes_keys_are_distinct(store: Store) -> None:
+    texts = random_texts(2)
+    store.add("k", texts[0], metadata="str")
+    store.add(b"k", texts[1], metadata="bytes")
+    assert len(store) == 2 and list(store) == ["k", b"k"]
+    assert store.get("k").metadata == "str" and store.get(b"k").metadata == "bytes"
+    assert store.get(b"k").key == b"k" and isinstance(store.get("k").key, str)
+    assert store.get(bytearray(b"k")).metadata == "bytes"
+    assert [m.key for m in store.query(texts[1])] == [b"k"]
+    store.remove("k")
+    assert "k" not in store and b"k" in store
+
+
+def _long_url(length: int, tail: str = "") -> str:
+    head = "https://example.com/search?q="
+    return head + "x" * (length - len(head) - len(tail)) + tail
+
+
+@pytest.mark.parametrize("length", [1, 400, 401, 511, 512, 4096, codec.MAX_KEY_BYTES])
+@pytest.mark.parametrize("kind", [str, bytes])
+def test_long_keys(store: Store, length: int, kind: type) -> None:
+    key: str | bytes = _long_url(length, "a") if length > 40 else "a" * length
+    twin: str | bytes = _long_url(length, "b") if length > 40 else "b" * length
+    if kind is bytes:
+        key, twin = str(key).encode(), str(twin).encode()
+    texts = random_texts(2)
+    store.add(key, texts[0], metadata={"n": 1})
+    store.add(twin, texts[1], metadata={"n": 2})  # same long prefix, different end
+    assert key in store and twin in store and len(store) == 2
+    assert store.get(key).key == key and store.get(key).metadata == {"n": 1}
+    assert store.get(twin).metadata == {"n": 2}
+    assert [m.key for m in store.query(texts[0])] == [key] and list(store) == [key, twin]
+    with pytest.raises(DuplicateKeyError):
+        store.add(key, texts[1])
+    assert store.remove(key) is True and key not in store and twin in store
+    assert store.add_if_unique(key, texts[0]).added
+
+
+def test_longest_key_in_multibyte_characters(store: Store) -> None:
+    key = "é" * (codec.MAX_KEY_BYTES // 2)  # 2 bytes each: exactly the limit
+    store.add(key, "a document with a very long key")
+    assert store.get(key).key == key
+    with pytest.raises(InvalidKeyError):
+        store.add(key + "e", "one byte too long")
+
+
+BAD_KEYS: list[object] = [
+    "",
+    b"",
+    "x" * (codec.MAX_KEY_BYTES + 1),
+    b"x" * (codec.MAX_KEY_BYTES + 1),
+    "é" * (codec.MAX_KEY_BYTES // 2 + 1),
+    "\ud800",
+    7,
+    None,
+    1.5,
+    ("a",),
+]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS, ids=[repr(k)[:20] for k in BAD_KEYS])
+def test_invalid_keys_raise_and_change_nothing(store: Store, key: Any) -> None:
+    store.add("fine", "a document that is stored already")
+    before, counter = snapshot(store), commit_counter(store)
+    text = "a perfectly good document"
+    calls: list[Callable[[], object]] = [
+        lambda: store.add(key, text),
+        lambda: store.add_many([("ok", text), (key, text)]),
+        lambda: store.add_if_unique(key, text),
+        lambda: store.add_many_if_unique([("ok", text), (key, text)]),
+        lambda: store.remove(key),
+        lambda: store.remove(key, missing_ok=True),
+        lambda: store.remove_many(["fine", key]),
+        lambda: store.get(key),
+        lambda: key in store,
+    ]
+    for call in calls:
+        with pytest.raises(InvalidKeyError):
+            call()
+    assert snapshot(store) == before and commit_counter(store) == counter
+
+
+# -- queries -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def corpus_store(store: Store, near_dup_corpus: dict[str, str]) -> Store:
+    store.add_many(near_dup_corpus.items())
+    return store
+
+
+def test_query_by_text_and_by_signature(
+    corpus_store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    store = corpus_store
+    for key, text in near_dup_corpus.items():
+        matches = store.query(text)
+        assert matches[0].key == key and matches[0].score == 1.0 and matches[0].exact is None
+        assert [m.score for m in matches] == sorted((m.score for m in matches), reverse=True)
+        assert store.query(signature=store.hasher.signature(text)) == matches
+    assert [m.key for m in store.query(near_dup_corpus["storm-b"])] == ["storm-b", "storm-a"]
+    score = store.query(near_dup_corpus["storm-b"])[1].score
+    expected = estimate_jaccard(
+        store.hasher.signature(near_dup_corpus["storm-a"]),
+        store.hasher.signature(near_dup_corpus["storm-b"]),
+    )
+    assert score == pytest.approx(expected) and 0.7 <= score < 1.0
+    assert [m.key for m in store.query(near_dup_corpus["unrelated"])] == ["unrelated"]
+    assert store.query("nothing like any stored document at all") == []
+
+
+def test_query_threshold_and_limit(corpus_store: Store, near_dup_corpus: dict[str, str]) -> None:
+    text = near_dup_corpus["recipe-a"]
+    assert [m.key for m in corpus_store.query(text)] == ["recipe-a", "recipe-b"]
+    assert [m.key for m in corpus_store.query(text, threshold=1.0)] == ["recipe-a"]
+    assert [m.key for m in corpus_store.query(text, limit=1)] == ["recipe-a"]
+    assert len(corpus_store.query(text, limit=10)) == 2
+
+
+def test_query_many_equals_query_one_by_one(
+    corpus_store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    texts = [*near_dup_corpus.values(), "a text that matches nothing stored here"]
+    singles = [corpus_store.query(t, threshold=0.75, limit=3) for t in texts]
+    assert corpus_store.query_many(texts, threshold=0.75, limit=3) == singles
+    assert corpus_store.query_many(iter(texts), threshold=0.75, limit=3) == singles
+    signatures = corpus_store.hasher.signatures(texts)
+    assert corpus_store.query_many(signatures=signatures, threshold=0.75, limit=3) == singles
+    with corpus_store.read() as txn:
+        assert txn.query_many(texts, threshold=0.75, limit=3) == singles
+    assert corpus_store.query_many([]) == []
+
+
+def test_query_with_exact_verification(
+    corpus_store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    store, shingler = corpus_store, corpus_store.hasher.shingler
+    text, near = near_dup_corpus["recipe-a"], near_dup_corpus["recipe-b"]
+    exact = hashed_jaccard(shingler.hash_document(text), shingler.hash_document(near))
+    estimate = estimate_jaccard(store.hasher.signature(text), store.hasher.signature(near))
+    assert estimate < 0.9 <= exact  # the corpus is chosen so the two disagree at 0.9
+    assert [m.key for m in store.query(text, threshold=0.9)] == ["recipe-a"]
+    matches = store.query(text, threshold=0.9, exact=near_dup_corpus.__getitem__)
+    assert [(m.key, m.exact) for m in matches] == [("recipe-a", 1.0), ("recipe-b", exact)]
+    assert matches[1].score == pytest.approx(estimate)
+    strict = store.query(text, threshold=0.95, exact=near_dup_corpus.__getitem__)
+    assert [m.key for m in strict] == ["recipe-a"]
+    many = store.query_many([text, near], threshold=0.9, exact=near_dup_corpus.__getitem__)
+    assert many[0] == matches and [m.key for m in many[1]] == ["recipe-b", "recipe-a"]
+
+
+SIG = np.zeros(PARAMS["num_perm"], dtype=np.uint32)
+BAD_QUERIES: list[tuple[str, dict[str, Any]]] = [
+    ("both", {"document": "text", "signature": SIG}),
+    ("neither", {}),
+    ("threshold 0", {"document": "some text", "threshold": 0}),
+    ("threshold 1.5", {"document": "some text", "threshold": 1.5}),
+    ("threshold str", {"document": "some text", "threshold": "0.5"}),
+    ("threshold bool", {"document": "some text", "threshold": True}),
+    ("limit 0", {"document": "some text", "limit": 0}),
+    ("limit -1", {"signature": SIG, "limit": -1}),
+    ("limit float", {"document": "some text", "limit": 1.5}),
+    ("limit bool", {"document": "some text", "limit": True}),
+    ("short signature", {"signature": SIG[:10]}),
+    ("2-d signature", {"signature": SIG[None, :]}),
+    ("float signature", {"signature": SIG.astype(np.float32)}),
+    ("exact with signature", {"signature": SIG, "exact": str}),
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs", [kw for _, kw in BAD_QUERIES], ids=[name for name, _ in BAD_QUERIES]
+)
+def test_query_bad_arguments(corpus_store: Store, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(InvalidParameterError):
+        corpus_store.query(**kwargs)
+
+
+def test_query_many_bad_arguments(corpus_store: Store) -> None:
+    with pytest.raises(InvalidParameterError):
+        corpus_store.query_many(["a text"], signatures=SIG[None, :])
+    with pytest.raises(InvalidParameterError):
+        corpus_store.query_many()
+    with pytest.raises(InvalidParameterError):
+        corpus_store.query_many(signatures=SIG)
+
+
+def test_removed_document_no_longer_matches(
+    corpus_store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    corpus_store.remove("storm-a")
+    assert [m.key for m in corpus_store.query(near_dup_corpus["storm-a"])] == ["storm-b"]
+    corpus_store.remove("storm-b")
+    assert corpus_store.query(near_dup_corpus["storm-a"], threshold=0.1) == []
+
+
+# -- add_if_unique -----------------------------------------------------------------------------
+
+
+def test_add_if_unique(store: Store, near_dup_corpus: dict[str, str]) -> None:
+    first = store.add_if_unique("storm-a", near_dup_corpus["storm-a"], metadata={"first": True})
+    assert first.added and first.matches == [] and first.key == "storm-a"
+    second = store.add_if_unique("storm-b", near_dup_corpus["storm-b"])
+    assert not second.added and [m.key for m in second.matches] == ["storm-a"]
+    assert "storm-b" not in store and len(store) == 1
+    assert store.add_if_unique("storm-b", near_dup_corpus["storm-b"], threshold=0.9).added
+    assert store.add_if_unique("unrelated", near_dup_corpus["unrelated"]).added
+    by_signature = store.add_if_unique(
+        "copy", signature=store.hasher.signature(near_dup_corpus["unrelated"])
+    )
+    assert not by_signature.added and by_signature.matches[0].key == "unrelated"
+    with pytest.raises(DuplicateKeyError):
+        store.add_if_unique("storm-a", "a completely different text now")
+    assert list(store) == ["storm-a", "storm-b", "unrelated"]
+
+
+def test_add_many_if_unique_catches_duplicates_within_the_batch(
+    store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    store.add("unrelated", near_dup_corpus["unrelated"])
+    counter = commit_counter(store)
+    results = store.add_many_if_unique(
+        [
+            ("recipe-a", near_dup_corpus["recipe-a"], {"m": 1}),
+            ("storm-a", near_dup_corpus["storm-a"]),
+            ("recipe-b", near_dup_corpus["recipe-b"]),  # near-duplicate of item 0
+            ("again", near_dup_corpus["unrelated"]),  # near-duplicate of a stored one
+            ("storm-b", near_dup_corpus["storm-b"]),
+        ]
+    )
+    assert [(r.key, r.added) for r in results] == [
+        ("recipe-a", True),
+        ("storm-a", True),
+        ("recipe-b", False),
+        ("again", False),
+        ("storm-b", False),
+    ]
+    assert [m.key for m in results[2].matches] == ["recipe-a"]
+    assert [m.key for m in results[3].matches] == ["unrelated"]
+    assert [m.key for m in results[4].matches] == ["storm-a"]
+    assert list(store) == ["unrelated", "recipe-a", "storm-a"]
+    assert commit_counter(store) == counter + 1 and store.get("recipe-a").metadata == {"m": 1}
+    with pytest.raises(DuplicateKeyError):
+        store.add_many_if_unique([("x", "some new text here"), ("x", "other new text here")])
+    assert "x" not in store
+
+
+# -- map growth --------------------------------------------------------------------------------
+
+
+def test_tiny_map_grows_while_ingesting(store_path: Path) -> None:
+    small = 256 * KiB
+    payload = bytes(range(256)) * 8  # 2 KiB of metadata per document
+    with Store.open(store_path, create=True, map_size=small) as store:
+        assert store._env is not None and store._env.info()["map_size"] == small
+        for batch in range(10):
+            texts = random_texts(200, seed=batch)
+            store.add_many(
+                ((f"{batch}-{i}", t, {"p": payload}) for i, t in enumerate(texts)),
+                batch_size=None,
+            )
+        grown = int(store._env.info()["map_size"])
+        assert grown >= 4 * 1024 * KiB > small  # 2000 documents of over 2 KiB each
+        assert len(store) == 2000 and store.get("9-199").metadata == {"p": payload}
+    assert raw_meta(store_path)["map_size"] == grown
+    with Store.open(store_path, map_size=small) as reopened:  # never shrinks
+        assert reopened._env is not None and reopened._env.info()["map_size"] == grown
+        assert len(reopened) == 2000
+    with Store.open(store_path) as reopened:
+        assert reopened._env is not None and reopened._env.info()["map_size"] >= grown
+
+
+def test_transaction_larger_than_the_map_is_redone_and_commits_once(store_path: Path) -> None:
+    small = 256 * KiB
+    payload = b"\x01" * (16 * KiB)
+    with Store.open(store_path, create=True, map_size=small) as store:
+        store.add_many([("old-0", "the first old document"), ("old-1", "the second old one")])
+        counter = commit_counter(store)
+        assert store._env is not None and store._env.info()["map_size"] == small
+        with store.write() as txn:
+            assert txn.get("old-0").key == "old-0"  # logged reads are replayed too
+            txn.remove("old-1")
+            for i, text in enumerate(random_texts(200)):  # over 3 MiB in one transaction
+                txn.add(f"new-{i}", text, metadata={"p": payload, "i": i})
+            assert len(txn) == 201
+        assert store._env.info()["map_size"] >= 4 * 1024 * KiB
+        assert commit_counter(store) == counter + 1
+        assert len(store) == 201 and "old-1" not in store
+        assert list(store) == ["old-0"] + [f"new-{i}" for i in range(200)]
+        assert store.get("new-199").metadata == {"p": payload, "i": 199}
+    assert raw_meta(store_path)["next_doc_id"] == 202
+
+
+@pytest.mark.parametrize("count", range(2, 25, 2))
+def test_commit_that_runs_out_of_room_is_redone(store_path: Path, count: int) -> None:
+    # With this map, some of these counts fill it exactly at commit time (when the counters
+    # are written or the commit allocates its pages) rather than during an add.
+    rng = np.random.default_rng(count)
+    params: dict[str, Any] = {"num_perm": 16, "bands": 4, "rows": 4, "map_size": 64 * KiB}
+    with Store.open(store_path, create=True, **params) as store:
+        signatures = rng.integers(0, 2**32, size=(count, 16), dtype=np.uint32)
+        with store.write() as txn:
+            for i in range(count):
+                txn.add(f"key-{i:05d}" + "x" * 100, signature=signatures[i], metadata="p" * 200)
+        assert len(store) == count and commit_counter(store) == 1
+        assert np.array_equal(
+            store.get(f"key-{count - 1:05d}" + "x" * 100).signature, signatures[-1]
+        )
+
+
+def test_growth_ends_the_growing_threads_own_snapshot_with_a_typed_error(
+    store_path: Path,
+) -> None:
+    with Store.open(store_path, create=True, map_size=256 * KiB) as store:
+        store.add("a", "a first document to read")
+        with store.read() as snapshot:
+            store.add_many(
+                ((f"k{i}", t, {"p": b"x" * 2048}) for i, t in enumerate(random_texts(400))),
+                batch_size=None,
+            )
+            with pytest.raises(StoreClosedError, match="map grew"):
+                snapshot.get("a")
+        assert len(store) == 401 and store.get("a").key == "a"
+
+
+def test_growth_waits_for_readers_of_other_threads(store_path: Path) -> None:
+    import threading
+
+    with Store.open(store_path, create=True, map_size=256 * KiB) as store:
+        store.add("a", "a first document to read")
+        started, seen, failures = threading.Event(), [], []
+
+        def reader() -> None:
+            try:
+                with store.read() as snapshot:
+                    started.set()
+                    for _ in range(50):
+                        seen.append(snapshot.get("a").key)
+                        time.sleep(0.005)
+                    seen.append(len(snapshot))
+            except Exception as err:  # the assertion below reports it
+                failures.append(err)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        started.wait()
+        store.add_many(
+            ((f"k{i}", t, {"p": b"x" * 2048}) for i, t in enumerate(random_texts(400))),
+            batch_size=None,
+        )
+        thread.join()
+        assert failures == [] and seen == ["a"] * 50 + [1]  # a snapshot from before
+        assert len(store) == 401
+
+
+# -- several processes -------------------------------------------------------------------------
+
+
+WORKER = r"""
+import json, sys, time
+from pathlib import Path
+
+from neardup_store.store import Store
+
+role, path = sys.argv[1], sys.argv[2]
+if role == "writer":
+    prefix, batches, size = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    with Store.open(path) as store:
+        for batch in range(batches):
+            with store.write() as txn:
+                txn.add_many(
+                    (f"{prefix}-{batch}-{i}",
+                     f"{prefix} writes batch {batch}, document {i}: " + "lorem ipsum " * 20,
+                     {"writer": prefix, "batch": batch, "pad": b"p" * 1024})
+                    for i in range(size)
+                )
+elif role == "reader":
+    ready, stop, size = Path(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5])
+    rounds, seen, last = 0, set(), 0
+    with Store.open(path, read_only=True) as store:
+        while True:
+            finished = stop.exists()
+            with store.read() as txn:
+                keys = list(txn.keys())
+                assert len(txn) == len(keys), (len(txn), len(keys))
+                groups = {}
+                for key in keys:
+                    doc = txn.get(key)
+                    writer, batch, _ = key.split("-")
+                    assert doc.metadata["writer"] == writer, key
+                    groups[(writer, batch)] = groups.get((writer, batch), 0) + 1
+                assert all(n == size for n in groups.values()), groups  # whole batches only
+                assert len(keys) >= last, (len(keys), last)
+            last = len(keys)
+            seen.add(last)
+            rounds += 1
+            ready.touch()
+            if finished:
+                break
+    print(json.dumps({"rounds": rounds, "states": len(seen), "final": last}))
+"""
+
+
+def _python(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(process: subprocess.Popen[str], timeout_s: float = 120) -> str:
+    out, err = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, err
+    return out
+
+
+def test_writers_and_readers_in_several_processes(tmp_path: Path, store_path: Path) -> None:
+    batches, size = 12, 20
+    # A small map, so the writers grow it while the others read and write.
+    Store.open(store_path, create=True, num_perm=32, map_size=256 * KiB).close()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    stop = tmp_path / "stop"
+    ready = [tmp_path / f"ready-{n}" for n in range(2)]
+    readers = [
+        _python(str(script), "reader", str(store_path), str(r), str(stop), str(size)) for r in ready
+    ]
+    writers: list[subprocess.Popen[str]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not all(r.exists() for r in ready):  # both readers are reading
+            for reader in readers:
+                if reader.poll() is not None:
+                    _finish(reader)  # it stopped early: show why
+            assert time.monotonic() < deadline, "the readers did not start"
+            time.sleep(0.02)
+        writers = [
+            _python(str(script), "writer", str(store_path), name, str(batches), str(size))
+            for name in ("a", "b")
+        ]
+        for writer in writers:
+            _finish(writer)
+    finally:
+        stop.touch()
+        for process in [*writers, *readers]:  # leave no process behind if a check failed
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    reports = [json.loads(_finish(reader)) for reader in readers]
+    total = 2 * batches * size
+    assert all(r["final"] == total and r["rounds"] >= 2 for r in reports)
+    with Store.open(store_path, read_only=True) as store:
+        assert len(store) == total and store._env is not None
+        assert store._env.info()["map_size"] > 256 * KiB
+        expected = {f"{w}-{b}-{i}" for w in "ab" for b in range(batches) for i in range(size)}
+        assert set(store) == expected
+        assert commit_counter(store) == 2 * batches
+
+
+def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
+    store.add("a", "a document the parent stored before the fork")
+    read_end, write_end = os.pipe()
+    with store.read() as snap:  # the parent reads across the fork
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            code = 1
+            try:
+                os.close(read_end)
+                outcomes: list[str] = []
+                calls: Sequence[Callable[[], object]] = [
+                    lambda: store.get("a"),
+                    lambda: len(store),
+                    lambda: "a" in store,
+                    lambda: list(store),
+                    lambda: store.add("b", "the child tries to add a document"),
+                    lambda: store.query("a document the parent stored before the fork"),
+                    lambda: store.read().__enter__(),
+                    lambda: store.write().__enter__(),
+                    lambda: store.sync(),
+                ]
+                for call in calls:
+                    try:
+                        call()
+                        outcomes.append("no error")
+                    except ForkedStoreError:
+                        outcomes.append("forked")
+                    except BaseException as err:
+                        outcomes.append(type(err).__name__)
+                store.close()  # must not close the parent's environment under it
+                os.write(write_end, json.dumps(outcomes).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            report = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert json.loads(report) == ["forked"] * 9
+        assert store._env is not None and str(os.getpid()) in store._env.readers()
+        assert snap.get("a").key == "a"
+    store.add("b", "the parent's store still works after the fork")
+    assert list(store) == ["a", "b"]
+
+
+# -- durability --------------------------------------------------------------------------------
+
+
+def test_non_durable_store_commits_and_syncs(store_path: Path) -> None:
+    texts = random_texts(3)
+    with Store.open(store_path, create=True, durable=False) as store:
+        assert store.durable is False
+        store.add_many([(f"k{i}", t) for i, t in enumerate(texts)])
+        checker = _python(
+            "-c",
+            "import sys; from neardup_store.store import Store; "
+            "s = Store.open(sys.argv[1], read_only=True); print(len(s), list(s))",
+            str(store_path),
+        )
+        assert _finish(checker).split(maxsplit=1)[0] == "3"  # another process sees the commit
+        store.sync()
+    with Store.open(store_path) as reopened:
+        assert list(reopened) == ["k0", "k1", "k2"] and reopened.durable is True
+        assert np.array_equal(reopened.get("k1").signature, reopened.hasher.signature(texts[1]))
+
+
+def test_opening_the_same_store_twice_in_one_process_is_a_clear_error(store_path: Path) -> None:
+    with Store.open(store_path, create=True) as store:
+        with pytest.raises(StoreBusyError, match="reuse the open one"):
+            Store.open(store_path)
+        assert len(store) == 0  # the first one is untouched
