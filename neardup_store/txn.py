@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from . import codec
 from .errors import (
+    CorruptRecordError,
     DuplicateKeyError,
     InvalidParameterError,
     KeyNotFoundError,
@@ -156,8 +157,6 @@ class ReadTxn:
     def _record(self, doc_id: bytes) -> bytes:
         record = self.txn.get(doc_id, db=self._store._docs_db)
         if record is None:
-            from .errors import CorruptRecordError
-
             raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
         return bytes(record)
 

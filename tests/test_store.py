@@ -1120,3 +1120,32 @@ def test_opening_the_same_store_twice_in_one_process_is_a_clear_error(store_path
         with pytest.raises(StoreBusyError, match="reuse the open one"):
             Store.open(store_path)
         assert len(store) == 0  # the first one is untouched
+
+
+HOLD_READER = r"""
+import sys, time
+from neardup_store.store import Store
+
+store = Store.open(sys.argv[1], read_only=True, max_readers=int(sys.argv[2]))
+with store.read() as txn:
+    print(len(txn), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_reader_slots_of_killed_processes_are_reclaimed(store_path: Path) -> None:
+    """Killed readers leave their slots taken; the next reader that finds the table full
+    clears them instead of failing with ReadersFullError."""
+    slots = 3
+    with Store.open(store_path, create=True, max_readers=slots) as store:
+        store.add("a", "a document to read")
+        holders = [_python("-c", HOLD_READER, str(store_path), str(slots)) for _ in range(slots)]
+        for holder in holders:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+        assert store._env is not None and str(holders[0].pid) in store._env.readers()
+        with store.read() as txn:  # every slot is held by a dead process
+            assert txn.get("a").key == "a"
+        assert str(holders[0].pid) not in store._env.readers()
