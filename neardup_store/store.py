@@ -13,6 +13,9 @@ Operational rules the store enforces:
   is recorded, so a later open never shrinks it.
 * Committed means synced to disk, unless the store was opened with ``durable=False``
   (bulk loads): then a commit survives a crash of the process but not of the machine.
+* Opening a store waits while another process is inside a write transaction: py-lmdb
+  opens table handles under LMDB's write lock. Already open stores never wait to read;
+  writers should keep transactions to bounded batches (``add_many`` does).
 * A store object belongs to the process that opened it: using it in a forked child
   raises :class:`ForkedStoreError` (LMDB environments must not cross ``fork()``). Workers
   open their own store; py-lmdb refuses to open an environment a forked child inherited

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -34,6 +35,8 @@ from neardup_store.errors import (
     StoreBusyError,
     StoreClosedError,
     StoreNotFoundError,
+    TransactionAbortedError,
+    TransactionConflictError,
 )
 from neardup_store.lsh import LSHParams
 from neardup_store.minhash import MinHashConfig, MinHasher
@@ -994,7 +997,12 @@ elif role == "reader":
 def _python(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     return subprocess.Popen(
-        [sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -1149,3 +1157,61 @@ def test_reader_slots_of_killed_processes_are_reclaimed(store_path: Path) -> Non
         with store.read() as txn:  # every slot is held by a dead process
             assert txn.get("a").key == "a"
         assert str(holders[0].pid) not in store._env.readers()
+
+
+def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
+    """A document whose writes fail after some of them went through (here LMDB rejects an
+    empty band key, after the record and key were written) must not be committed even
+    if the caller catches the error and carries on."""
+    with Store.open(store_path, create=True) as store:
+        store.add("before", "a document committed earlier")
+        writing = store.write()
+        txn = writing.__enter__()
+        (doc,) = txn._prepare([("half", "a document that will fail", None)])
+        broken = dataclasses.replace(doc, band_keys=[b"", *doc.band_keys[1:]])
+        with pytest.raises(lmdb.Error):
+            txn._run(txn._store_prepared, broken, False)
+        with pytest.raises(TransactionAbortedError):
+            txn.add("after", "the caller carries on regardless")
+        with pytest.raises(TransactionAbortedError, match="part-way"):
+            writing.__exit__(None, None, None)  # a clean exit of the with block
+        assert list(store) == ["before"]
+        assert store.check().ok
+
+
+HOLD_WRITE = r"""
+import sys
+from neardup_store.store import Store
+
+with Store.open(sys.argv[1]) as store:
+    print("opened", flush=True)
+    sys.stdin.readline()
+    store.add("contested", "the other process's text for this key")
+"""
+
+
+def test_replay_that_diverges_raises_conflict_and_writes_nothing(store_path: Path) -> None:
+    """If another process commits while a transaction is being redone after map growth,
+    and that changes an operation's result, the redo is refused instead of changing the
+    meaning of what the caller already saw."""
+    with Store.open(store_path, create=True) as store:
+        other = _python("-c", HOLD_WRITE, str(store_path))
+        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
+        writing = store.write()
+        txn = writing.__enter__()
+        assert txn.add("contested", "this process's text for the key") is False
+        assert other.stdin is not None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        time.sleep(0.5)  # the other process is now blocked on the write lock
+        with pytest.raises(TransactionConflictError, match="DuplicateKeyError") as info:
+            txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
+        # The with block ends with the error: the store rolls back and lets it propagate.
+        assert writing.__exit__(type(info.value), info.value, None) is False
+        _finish(other)
+        assert list(store) == ["contested"]
+        assert store.get("contested") == Document(
+            "contested",
+            store.hasher.signature("the other process's text for this key"),
+            None,
+        )
