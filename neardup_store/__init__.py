@@ -45,6 +45,7 @@ from .maintenance import (
     Violation,
 )
 from .minhash import MinHashConfig, MinHasher
+from .params import StoreParams
 from .similarity import (
     bag_jaccard,
     estimate_jaccard,
@@ -52,7 +53,7 @@ from .similarity import (
     jaccard,
     sum_union_from_max_union,
 )
-from .store import Store, StoreParams
+from .store import Store
 from .text import (
     ENGLISH_STOP_WORDS,
     HASH_VERSION,

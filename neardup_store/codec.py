@@ -1,8 +1,9 @@
 """The on-disk format of a store: the one place that says what every byte means.
 
 A store is one LMDB environment (a directory holding ``data.mdb`` and ``lock.mdb``, plus
-our ``neardup.lock``) with these named tables. Integers in keys are big-endian, so LMDB's
-byte order is numeric order; integers inside values are little-endian.
+our lock files ``neardup.lock`` and ``neardup.create.lock``) with these named tables.
+Integers in keys are big-endian, so LMDB's byte order is numeric order; integers inside
+values are little-endian.
 
 ``meta`` — text key → msgpack value
     ``format``           the string ``"neardup_store"``: marks the environment as a store.

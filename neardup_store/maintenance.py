@@ -45,7 +45,8 @@ from .lsh import LSHParams, choose_params
 from .transfer import create_from_export, export, import_
 
 if TYPE_CHECKING:
-    from .store import Store, StoreParams
+    from .params import StoreParams
+    from .store import Store
     from .txn import Key, ReadTxn, WriteTxn
 
 __all__ = [
@@ -590,7 +591,7 @@ def rebuild(
         >>> store.rebuild(threshold=0.9).new_params.banding  # doctest: +SKIP
         LSHParams(bands=..., rows=...)
     """
-    from .store import StoreParams
+    from .params import StoreParams
 
     store._check_writable()
     banding, threshold = _resolve_banding(store, threshold, bands, rows)

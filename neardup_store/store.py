@@ -30,7 +30,6 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -52,8 +51,9 @@ from .errors import (
     StoreFullError,
     StoreNotFoundError,
 )
-from .lsh import LSHParams, choose_params
+from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
+from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
 from .text import ShingleConfig
 from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn
 
@@ -65,72 +65,8 @@ DEFAULT_MAP_SIZE = 1 << 30
 MIN_FREE_FRACTION = 0.25
 RESIZE_WAIT_S = 60.0
 LOCK_FILE = "neardup.lock"
+CREATE_LOCK_FILE = "neardup.create.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
-
-
-@dataclass(frozen=True)
-class StoreParams:
-    """Everything that decides what a store's signatures and bands mean."""
-
-    config: MinHashConfig
-    banding: LSHParams
-    threshold: float
-
-    def flat(self) -> dict[str, Any]:
-        """One flat dict of every parameter (for comparisons and display)."""
-        return {
-            "num_perm": self.config.num_perm,
-            "scheme": self.config.scheme,
-            "seed": self.config.seed,
-            **_shingle_fields(self.config.shingles),
-            "bands": self.banding.bands,
-            "rows": self.banding.rows,
-            "threshold": self.threshold,
-        }
-
-
-def _shingle_fields(shingles: ShingleConfig) -> dict[str, Any]:
-    return {
-        f"shingle_{name}" if name in ("kind", "size") else name: value
-        for name, value in shingles.to_dict().items()
-    }
-
-
-def _resolve_params(
-    threshold: float | None,
-    num_perm: int | None,
-    scheme: str | None,
-    seed: int | None,
-    shingles: ShingleConfig | None,
-    bands: int | None,
-    rows: int | None,
-) -> StoreParams:
-    defaults = MinHashConfig()
-    config = MinHashConfig(
-        num_perm=defaults.num_perm if num_perm is None else num_perm,
-        scheme=defaults.scheme if scheme is None else scheme,  # type: ignore[arg-type]
-        seed=defaults.seed if seed is None else seed,
-        shingles=defaults.shingles if shingles is None else shingles,
-    )
-    threshold = _valid_threshold(0.8 if threshold is None else threshold)
-    if (bands is None) != (rows is None):
-        raise InvalidParameterError("bands/rows", (bands, rows), "both bands and rows, or neither")
-    if bands is None or rows is None:
-        banding = choose_params(threshold, config.num_perm)
-    else:
-        banding = LSHParams(bands, rows)
-        banding.check_fits(config.num_perm)
-    return StoreParams(config, banding, threshold)
-
-
-def _valid_threshold(threshold: object) -> float:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not 0.0 < float(threshold) <= 1.0
-    ):
-        raise InvalidParameterError("threshold", threshold, "a number in (0, 1]")
-    return float(threshold)
 
 
 class Store:
@@ -202,18 +138,19 @@ class Store:
         asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
         if directory.exists() and not directory.is_dir():
             raise NotAStoreError(str(directory), "it is a file, not a store directory")
-        exists = (directory / "data.mdb").exists()
-        if not exists and not create:
-            raise StoreNotFoundError(str(directory))
         store = cls(directory, read_only, durable)
-        try:
-            if exists:
-                store._open_existing(asked, map_size, max_readers)
-            else:
-                store._create(_resolve_params(*asked), map_size, max_readers)
-        except BaseException:
-            store.close()
-            raise
+        with _creation_lock(directory, create):
+            exists = (directory / "data.mdb").exists()
+            if not exists and not create:
+                raise StoreNotFoundError(str(directory))
+            try:
+                if exists:
+                    store._open_existing(asked, map_size, max_readers)
+                else:
+                    store._create(resolve_params(*asked), map_size, max_readers)
+            except BaseException:
+                store.close()
+                raise
         return store
 
     def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
@@ -327,7 +264,7 @@ class Store:
             "bands": bands, "rows": rows,
         }  # fmt: skip
         if shingles is not None:
-            given.update(_shingle_fields(shingles))
+            given.update(shingle_fields(shingles))
         stored = params.flat()
         conflicts = {
             name: (stored[name], value)
@@ -519,7 +456,7 @@ class Store:
     # -- validation helpers used by transactions -------------------------------------------------
 
     def _check_threshold(self, threshold: float | None) -> float:
-        return self.threshold if threshold is None else _valid_threshold(threshold)
+        return self.threshold if threshold is None else valid_threshold(threshold)
 
     def _check_signatures(self, signatures: npt.ArrayLike) -> npt.NDArray[np.uint32]:
         array = np.asarray(signatures)
@@ -709,6 +646,21 @@ class Store:
         from . import maintenance
 
         return maintenance.create_from_export(path, stream, **options)
+
+
+@contextmanager
+def _creation_lock(directory: Path, create: bool) -> Iterator[None]:
+    """Serialise processes that may create the store, so none sees it half made."""
+    if not create:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / CREATE_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:

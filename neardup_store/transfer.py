@@ -26,6 +26,7 @@ from ._version import __version__
 from .errors import InvalidParameterError, InvalidStreamError, NeardupError
 from .lsh import LSHParams
 from .minhash import MinHashConfig
+from .params import valid_threshold
 
 if TYPE_CHECKING:
     from .store import Store
@@ -237,7 +238,7 @@ def create_from_export(
         InvalidStreamError: the stream is not a valid export. The store created so far
             is closed and stays, holding the batches committed before the bad one.
     """
-    from .store import Store, _valid_threshold
+    from .store import Store
 
     batch_size = _check_batch_size(batch_size)
     if (Path(path) / "data.mdb").exists():
@@ -249,7 +250,7 @@ def create_from_export(
         config = MinHashConfig.from_dict(header["config"])
         params = {name: banding[name] for name in ("threshold", "bands", "rows")}
         LSHParams(params["bands"], params["rows"]).check_fits(config.num_perm)
-        _valid_threshold(params["threshold"])
+        valid_threshold(params["threshold"])
     except (KeyError, TypeError, ValueError) as err:
         raise InvalidStreamError(f"the header's parameters do not decode ({err})") from None
     store = Store.open(

@@ -1215,3 +1215,27 @@ def test_replay_that_diverges_raises_conflict_and_writes_nothing(store_path: Pat
             store.hasher.signature("the other process's text for this key"),
             None,
         )
+
+
+CREATE = r"""
+import sys
+from neardup_store.store import Store
+
+sys.stdin.readline()
+with Store.open(sys.argv[1], create=True, num_perm=64) as store:
+    store.add(sys.argv[2], "a document from " + sys.argv[2])
+print(sys.argv[2], flush=True)
+"""
+
+
+def test_processes_racing_to_create_a_store_all_end_up_in_one(store_path: Path) -> None:
+    racers = [_python("-c", CREATE, str(store_path), f"racer-{i}") for i in range(4)]
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    for racer in racers:
+        _finish(racer)
+    with Store.open(store_path) as store:
+        assert sorted(store) == [f"racer-{i}" for i in range(4)]
+        assert store.config.num_perm == 64 and store.check().ok
