@@ -30,9 +30,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from .errors import BatchTypeError, InvalidParameterError
+from .errors import InvalidParameterError
 from .hashing import BLOCK, U64, derive_keys, fmix64, high_bits_below
-from .text import ShingleBatch, ShingleConfig, Shingler
+from .text import ShingleBatch, ShingleConfig, Shingler, check_batch
 
 Scheme = Literal["oph", "kperm"]
 SCHEMES: tuple[str, ...] = ("oph", "kperm")
@@ -148,10 +148,7 @@ class MinHasher:
             TextDecodeError: bytes are invalid in ``encoding``.
             EmptyDocumentError: a document has no shingles and empties are not allowed.
         """
-        if isinstance(documents, (str, bytes, bytearray, memoryview)) or not isinstance(
-            documents, Iterable
-        ):
-            raise BatchTypeError(documents)
+        check_batch(documents)
         docs = list(documents)
         parts = [
             self.signatures_from_hashes(self.shingler.hash_batch(docs[lo:hi], encoding, lo))

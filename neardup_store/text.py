@@ -168,6 +168,14 @@ def _is_space(codes: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
     return _IS_SPACE[np.minimum(codes, len(_IS_SPACE) - 1)]
 
 
+def check_batch(documents: object) -> None:
+    """Raise :class:`BatchTypeError` unless ``documents`` is an iterable of documents."""
+    if isinstance(documents, (str, bytes, bytearray, memoryview)) or not isinstance(
+        documents, Iterable
+    ):
+        raise BatchTypeError(documents)
+
+
 def as_text(document: object, encoding: str | None = None, index: int | None = None) -> str:
     """Return ``document`` as ``str``: bytes only with an explicit ``encoding``."""
     if isinstance(document, str):
@@ -265,10 +273,7 @@ class Shingler:
             TextDecodeError: bytes are invalid in ``encoding``.
             EmptyDocumentError: a document has no shingles and empties are not allowed.
         """
-        if isinstance(documents, (str, bytes, bytearray, memoryview)) or not isinstance(
-            documents, Iterable
-        ):
-            raise BatchTypeError(documents)
+        check_batch(documents)
         texts = [
             normalize(as_text(doc, encoding, index), self.config)
             for index, doc in enumerate(documents, start_index)
