@@ -553,6 +553,22 @@ class Store:
                 total += txn.add_many(batch, replace=replace, encoding=encoding)
         return total
 
+    def add_signatures(
+        self,
+        items: Iterable[tuple[Key, Any] | tuple[Key, Any, Any]],
+        *,
+        batch_size: int | None = 10_000,
+        replace: bool = False,
+    ) -> int:
+        """:meth:`WriteTxn.add_signatures`, committing every ``batch_size`` items."""
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise InvalidParameterError("batch_size", batch_size, "a positive integer or None")
+        total = 0
+        for batch in _batches(items, batch_size):
+            with self.write() as txn:
+                total += txn.add_signatures(batch, replace=replace)
+        return total
+
     def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
         """See :meth:`WriteTxn.remove`."""
         with self.write() as txn:

@@ -182,9 +182,7 @@ def _import_records(store: Store, reader: _ExportReader, batch_size: int, replac
         if not batch:
             return total
         with store.write() as txn:
-            for key, signature, metadata in batch:
-                txn.add(key, signature=signature, metadata=metadata, replace=replace)
-        total += len(batch)
+            total += txn.add_signatures(batch, replace=replace)
 
 
 def _check_batch_size(batch_size: object) -> int:

@@ -536,6 +536,34 @@ class WriteTxn(ReadTxn):
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
 
+    def add_signatures(
+        self,
+        items: Iterable[tuple[Key, npt.ArrayLike] | tuple[Key, npt.ArrayLike, Any]],
+        *,
+        replace: bool = False,
+    ) -> int:
+        """Add ``(key, signature)`` or ``(key, signature, metadata)`` items computed
+        elsewhere (another process, Spark, an export) with this store's configuration.
+
+        Every item is validated before anything is written. Returns the number added.
+        """
+        self._store._check_writable()
+        batch = [_item(entry) for entry in items]
+        rows = [np.asarray(sig) for _, sig, _ in batch]
+        if len({row.shape for row in rows}) > 1:
+            raise InvalidParameterError(
+                "signatures", "rows of different shapes", "one shape (num_perm,) for every item"
+            )
+        signatures = self._store._check_signatures(
+            np.stack(rows) if rows else np.empty((0, self._store.config.num_perm), np.uint32)
+        )
+        prepared = self._prepare(batch, signatures)
+        if not replace:
+            self._check_new_keys(prepared)
+        for doc in prepared:
+            self._run(self._store_prepared, doc, replace)
+        return len(prepared)
+
     def _check_new_keys(self, prepared: Sequence[_Prepared]) -> None:
         """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
         seen: set[bytes] = set()

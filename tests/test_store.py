@@ -1239,3 +1239,26 @@ def test_processes_racing_to_create_a_store_all_end_up_in_one(store_path: Path) 
     with Store.open(store_path) as store:
         assert sorted(store) == [f"racer-{i}" for i in range(4)]
         assert store.config.num_perm == 64 and store.check().ok
+
+
+def test_add_signatures_equals_adding_the_texts(store_path: Path, tmp_path: Path) -> None:
+    texts = random_texts(30, seed=4)
+    with Store.open(store_path, create=True) as by_text:
+        by_text.add_many((f"k{i}", t, {"i": i}) for i, t in enumerate(texts))
+        signatures = by_text.hasher.signatures(texts)
+        with Store.open(tmp_path / "other", create=True) as by_signature:
+            added = by_signature.add_signatures(
+                ((f"k{i}", sig, {"i": i}) for i, sig in enumerate(signatures)), batch_size=7
+            )
+            assert added == 30
+            assert list(by_signature) == list(by_text)
+            for i in range(30):
+                assert by_signature.get(f"k{i}") == by_text.get(f"k{i}")
+            assert by_signature.query(texts[3]) == by_text.query(texts[3])
+            with pytest.raises(InvalidParameterError, match="different shapes"):
+                by_signature.add_signatures([("x", signatures[0]), ("y", signatures[0][:5])])
+            with pytest.raises(InvalidParameterError, match="shape"):
+                by_signature.add_signatures([("x", signatures[0][:5])])
+            with pytest.raises(DuplicateKeyError):
+                by_signature.add_signatures([("new", signatures[0]), ("k1", signatures[1])])
+            assert len(by_signature) == 30 and "new" not in by_signature
