@@ -399,12 +399,12 @@ class WriteTxn(ReadTxn):
         for cursor in self._cursors.values():
             cursor.close()
         self._cursors.clear()
-        if self._txn is not None:
+        txn, self._txn = self._txn, None
+        if txn is not None:
             if commit:
-                self._txn.commit()
+                txn.commit()  # LMDB ends the transaction even when the commit fails
             else:
-                self._txn.abort()
-            self._txn = None
+                txn.abort()
 
     def _writing(self) -> _Poisoner:
         return _Poisoner(self)
@@ -426,6 +426,10 @@ class WriteTxn(ReadTxn):
                 # The txn is still open if a put failed (a failed commit already ended it;
                 # aborting it again is harmless): the redo must abort it before growing.
                 self._redo_after_growth()
+            except BaseException:
+                # Anything else (a full disk at commit, say): never leave the write lock held.
+                self._close_txn(commit=False)
+                raise
 
     def _allocate_id(self) -> bytes:
         if self._next_id is None:
