@@ -3,24 +3,36 @@
 Each command parses its options, makes one library call and renders the result: an
 aligned table for people, ``--json`` (JSON lines) for programs. Exit codes: 0 success,
 1 findings, 2 usage or input errors. Errors the package raises on purpose become one
-``Error:`` line; anything else is a bug and keeps its traceback.
+``Error:`` line; anything else is a bug and keeps its traceback. Rendering lives in
+:mod:`.cli_render`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-from typing import Any
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
 
 import click
 
+from . import cli_render as render
+from . import ingest
 from ._version import __version__
-from .demo import DemoResult, run_demo
-from .errors import NeardupError
+from .demo import run_demo
+from .errors import NeardupError, StoreNotFoundError
+from .lsh import choose_params
+from .maintenance import Pair
 from .minhash import SCHEMES, MinHashConfig
+from .store import Store
+from .text import SHINGLE_KINDS, ShingleConfig
 
 
 class InputError(click.ClickException):
-    """A library error shown as one ``Error:`` line with exit code 2."""
+    """A library or input error shown as one ``Error:`` line with exit code 2."""
 
     exit_code = 2
 
@@ -35,8 +47,875 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="neardup-admin")
-def cli() -> None:
-    """Operate neardup_store near-duplicate indexes."""
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or notes on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Notes on stderr about what is opened.")
+@click.pass_context
+def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
+    """Operate neardup_store near-duplicate indexes.
+
+    \b
+    Example:
+        neardup-admin init ./corpus.ndx --threshold 0.8
+        neardup-admin query ./corpus.ndx --text "some document"
+    """
+    ctx.obj = {"quiet": quiet, "verbose": verbose and not quiet}
+
+
+# -- shared plumbing ------------------------------------------------------------------------------
+
+STORE = click.Path(exists=True, file_okay=False)
+"""A store argument: a missing path is a usage error (exit 2) before anything is opened."""
+
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON lines instead of a table."
+)
+
+
+def _note(message: str) -> None:
+    """A verbose-only note on stderr (never mixed into machine output on stdout)."""
+    ctx = click.get_current_context()
+    if ctx.obj and ctx.obj.get("verbose"):
+        click.echo(message, err=True)
+
+
+def _show_progress() -> bool:
+    """Progress bars only on a terminal (stderr) and not under --quiet."""
+    ctx = click.get_current_context()
+    quiet = bool(ctx.obj and ctx.obj.get("quiet"))
+    return not quiet and sys.stderr.isatty()
+
+
+def open_store(path: str, readonly: bool) -> Store:
+    """Open an existing store; read-only where the command does not write, so it can run
+    next to writers and on read-only media."""
+    _note(f"opening {path} ({'read-only' if readonly else 'read-write'})")
+    return Store.open(path, read_only=readonly)
+
+
+def _read_text(path: str, encoding: str) -> str:
+    """One document from a file; decoding errors name the file and the way out."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        return data.decode(encoding)
+    except LookupError:
+        raise InputError(f"--encoding {encoding!r} is not a known codec") from None
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{path}: not valid {encoding} (byte 0x{data[err.start]:02x} at offset "
+            f"{err.start}); pass --encoding with the file's encoding"
+        ) from None
+
+
+def _read_jsonl(stream: IO[str], id_field: str, text_field: str) -> list[tuple[Any, str]]:
+    """``(id, text)`` per JSON line; a bad line stops everything with its line number, so
+    no query result is printed for an input the user has to fix anyway."""
+    name = getattr(stream, "name", "-")
+    items: list[tuple[Any, str]] = []
+    try:
+        lines = list(stream)
+    except UnicodeDecodeError as err:
+        raise InputError(f"{name}: not valid UTF-8 ({err.reason})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{name}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{name}:{number}: expected a JSON object")
+        if text_field not in record or not isinstance(record[text_field], str):
+            raise InputError(f"{name}:{number}: no string field {text_field!r}")
+        items.append((record.get(id_field, number), record[text_field]))
+    return items
+
+
+def _source_texts(items: list[tuple[Any, str]], stream: IO[str]) -> Callable[[Any], str]:
+    """``key -> text`` for exact verification; a candidate missing from the source is an
+    input error (the source must cover the store), not a crash."""
+    texts = {str(key): text for key, text in items}
+    name = getattr(stream, "name", "-")
+
+    def lookup(key: Any) -> str:
+        try:
+            return texts[render.key_text(key)]
+        except KeyError:
+            raise InputError(
+                f"{name}: no text for stored key {key!r} (needed by --exact)"
+            ) from None
+
+    return lookup
+
+
+# -- creating and choosing parameters -------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8).")
+@click.option("--num-perm", type=int, default=None, help="Signature length (default 128).")
+@click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme.")
+@click.option("--seed", type=int, default=None, help="Hash seed (default 1).")
+@click.option("--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True)
+@click.option("--shingle-size", type=int, default=None, help="Units per shingle (kind default).")
+@click.option("--bag", is_flag=True, help="Count repeated shingles (bag, not set).")
+@click.option("--nfkc/--no-nfkc", default=True, show_default=True, help="NFKC-normalise.")
+@click.option("--casefold/--no-casefold", default=True, show_default=True, help="Casefold.")
+@click.option(
+    "--collapse-whitespace/--no-collapse-whitespace",
+    default=True,
+    show_default=True,
+    help="Turn runs of white space into one blank.",
+)
+@click.option("--strip/--no-strip", default=True, show_default=True, help="Strip the ends.")
+@click.option("--bands", type=int, default=None, help="Explicit bands (with --rows).")
+@click.option("--rows", type=int, default=None, help="Explicit rows (with --bands).")
+@_json_option
+def init(
+    path: str,
+    threshold: float | None,
+    num_perm: int | None,
+    scheme: str | None,
+    seed: int | None,
+    shingle_kind: str,
+    shingle_size: int | None,
+    bag: bool,
+    nfkc: bool,
+    casefold: bool,
+    collapse_whitespace: bool,
+    strip: bool,
+    bands: int | None,
+    rows: int | None,
+    as_json: bool,
+) -> None:
+    """Create a new, empty store and print the banding chosen for it.
+
+    Refuses a path that already holds a store: parameters are fixed at creation
+    (use `rebuild` to change the banding).
+
+    \b
+    Example:
+        neardup-admin init ./corpus.ndx --threshold 0.8 --num-perm 256
+        neardup-admin init ./words.ndx --shingle-kind word --shingle-size 3 --bands 32 --rows 4
+    """
+    try:
+        Store.open(path, read_only=True).close()
+    except StoreNotFoundError:
+        pass
+    else:
+        raise InputError(f"{path}: a store already exists here; init only creates new stores")
+    shingles = ShingleConfig(
+        kind=shingle_kind,  # type: ignore[arg-type]
+        size=shingle_size,
+        bag=bag,
+        nfkc=nfkc,
+        casefold=casefold,
+        collapse_whitespace=collapse_whitespace,
+        strip=strip,
+    )
+    with Store.open(
+        path,
+        create=True,
+        threshold=threshold,
+        num_perm=num_perm,
+        scheme=scheme,
+        seed=seed,
+        shingles=shingles,
+        bands=bands,
+        rows=rows,
+    ) as store:
+        params = store.params
+    summary = render.banding_summary(params.banding, params.threshold)
+    if as_json:
+        render.json_line({"path": path, **summary, "params": params.flat()})
+    else:
+        click.echo(f"Created {path}: " + render.banding_line(summary))
+
+
+@cli.command()
+@click.option("--threshold", type=float, required=True, help="Jaccard threshold in (0, 1).")
+@click.option("--num-perm", type=int, default=128, show_default=True, help="Signature length.")
+@click.option(
+    "--fp-weight", type=float, default=0.5, show_default=True, help="False-positive cost."
+)
+@click.option(
+    "--fn-weight", type=float, default=0.5, show_default=True, help="False-negative cost."
+)
+@click.option("--use-all", is_flag=True, help="Only bandings with bands*rows == num_perm.")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Also save the S-curve plot here (needs matplotlib).",
+)
+@_json_option
+def params(
+    threshold: float,
+    num_perm: int,
+    fp_weight: float,
+    fn_weight: float,
+    use_all: bool,
+    png: str | None,
+    as_json: bool,
+) -> None:
+    """Choose bands and rows for a threshold, and show the S-curve (no store needed).
+
+    The S-curve is the probability that a pair of a given Jaccard similarity becomes a
+    candidate; a steep rise at the threshold means few misses and few false candidates.
+
+    \b
+    Example:
+        neardup-admin params --threshold 0.8 --num-perm 128
+        neardup-admin params --threshold 0.5 --num-perm 256 --fn-weight 0.8 --png curve.png
+    """
+    if png is not None and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--png needs matplotlib, which is not installed: pip install matplotlib")
+    banding = choose_params(threshold, num_perm, fp_weight, fn_weight, use_all)
+    summary = render.banding_summary(banding, threshold)
+    grid = [round(i * 0.05, 2) for i in range(21)]
+    curve = [(s, float(banding.probability(s))) for s in grid]
+    if as_json:
+        for s, p in curve:
+            render.json_line({"similarity": s, "probability": p})
+        render.json_line({"summary": {**summary, "num_perm": num_perm}})
+    else:
+        click.echo(f"num_perm={num_perm}: " + render.banding_line(summary))
+        click.echo()
+        render.table(("similarity", "P(candidate)"), curve)
+        click.echo()
+        for line in render.ascii_plot(banding, threshold):
+            click.echo(line)
+    if png is not None:
+        render.save_png(banding, threshold, png)
+
+
+# -- feeding the store ----------------------------------------------------------------------------
+
+
+class _BatchTicker:
+    """Progress on a terminal for batch-wise work: a bar against the input size when it
+    is known, else a running count with docs/s. Silent off a terminal or under --quiet."""
+
+    def __init__(self, label: str, total_bytes: int | None = None) -> None:
+        self.enabled = _show_progress()
+        self.label, self.total = label, total_bytes
+        self.started = time.monotonic()
+        self.shown = 0
+
+    def __call__(self, progress: ingest.BatchProgress) -> None:
+        if not self.enabled:
+            return
+        rate = progress.records / max(time.monotonic() - self.started, 1e-9)
+        where = ""
+        if self.total and progress.input_offset is not None:
+            where = f" {100 * progress.input_offset / self.total:5.1f}%"
+        click.echo(
+            f"\r{self.label}{where}: {progress.records} docs, {rate:,.0f} docs/s, "
+            f"{progress.batches_committed} batches committed",
+            nl=False,
+            err=True,
+        )
+        self.shown += 1
+
+    def close(self) -> None:
+        if self.enabled and self.shown:
+            click.echo(err=True)
+
+
+def _interrupted(err: ingest.Interrupted, ticker: _BatchTicker) -> None:
+    ticker.close()
+    click.echo(str(err), err=True)
+    sys.exit(130)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--jsonl", is_flag=True, help="Inputs are JSON lines (one document per line).")
+@click.option("--id-field", default="id", show_default=True, help="JSON-lines key field.")
+@click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
+@click.option(
+    "--include", multiple=True, default=("*",), show_default=True, help="Glob for directories."
+)
+@click.option("--encoding", default="utf-8", show_default=True, help="Encoding of the inputs.")
+@click.option("--batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--replace", is_flag=True, help="Overwrite documents whose key is stored.")
+@click.option(
+    "--unique", is_flag=True, help="Add only documents with no near-duplicate stored or earlier."
+)
+@click.option("--threshold", type=float, default=None, help="With --unique (store default).")
+@click.option(
+    "--report",
+    type=click.File("w", encoding="utf-8"),
+    default=None,
+    help="Write skipped (with matching keys) and failed inputs here as JSON lines.",
+)
+@_json_option
+def add(
+    path: str,
+    inputs: tuple[str, ...],
+    jsonl: bool,
+    id_field: str,
+    text_field: str,
+    include: tuple[str, ...],
+    encoding: str,
+    batch_size: int,
+    replace: bool,
+    unique: bool,
+    threshold: float | None,
+    report: IO[str] | None,
+    as_json: bool,
+) -> None:
+    """Add documents: files, directories, JSON lines, or - for stdin.
+
+    Each batch is one transaction: Ctrl-C keeps every batch committed before it and
+    nothing of the current one. Exits 1 if some inputs could not be used.
+
+    \b
+    Example:
+        neardup-admin add ./corpus.ndx ./articles --include '*.txt'
+        neardup-admin add ./corpus.ndx dump.jsonl --jsonl --unique --report skipped.jsonl
+    """
+    records = ingest.read_inputs(
+        inputs,
+        include=include,
+        jsonl=jsonl,
+        id_field=id_field,
+        text_field=text_field,
+        encoding=encoding,
+    )
+    ticker = _BatchTicker("adding")
+    with open_store(path, readonly=False) as store:
+        try:
+            result = ingest.ingest(
+                store,
+                records,
+                batch_size=batch_size,
+                replace=replace,
+                unique=unique,
+                threshold=threshold,
+                on_batch=ticker,
+            )
+        except ingest.Interrupted as err:
+            _interrupted(err, ticker)
+    ticker.close()
+    if report is not None:
+        for skipped in result.skipped:
+            record = {"key": _plain(skipped.key), "skipped": skipped.reason}
+            record["matches"] = [_plain(k) for k in skipped.matching_keys]
+            report.write(json.dumps(record) + "\n")
+        for failure in result.failed:
+            report.write(json.dumps({"source": failure.source, "failed": failure.reason}) + "\n")
+    summary = {
+        "added": result.added,
+        "replaced": result.replaced,
+        "skipped": len(result.skipped),
+        "failed": len(result.failed),
+        "batches": result.batches_committed,
+    }
+    if as_json:
+        click.echo(json.dumps({"summary": summary}))
+    else:
+        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
+        for failure in result.failed[:10]:
+            click.echo(f"  failed: {failure.source}: {failure.reason}")
+        if len(result.failed) > 10:
+            click.echo(f"  ... {len(result.failed) - 10} more failures (see --report)")
+    if result.failed:
+        sys.exit(1)
+
+
+def _plain(key: str | bytes) -> str:
+    return key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")
+
+
+@cli.command()
+@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--store",
+    "store_path",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The index to dedup against (created if missing).",
+)
+@click.option("--keep", required=True, type=click.Path(dir_okay=False), help="Kept lines.")
+@click.option("--dropped", required=True, type=click.Path(dir_okay=False), help="Dropped lines.")
+@click.option("--id-field", default="id", show_default=True, help="JSON-lines key field.")
+@click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
+@click.option("--threshold", type=float, default=None, help="Similarity threshold (store's).")
+@click.option("--batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--fail-on-duplicates", is_flag=True, help="Exit 1 if anything was dropped.")
+@_json_option
+def dedup(
+    input_path: str,
+    store_path: str,
+    keep: str,
+    dropped: str,
+    id_field: str,
+    text_field: str,
+    threshold: float | None,
+    batch_size: int,
+    fail_on_duplicates: bool,
+    as_json: bool,
+) -> None:
+    """Stream an archive through the index: keep the first of each near-duplicate group.
+
+    Dropped records get "duplicate_of" and "score". After an interruption, run the same
+    command again: it resumes where the last committed batch ended.
+
+    \b
+    Example:
+        neardup-admin dedup archive.jsonl --store ./corpus.ndx \\
+            --keep kept.jsonl --dropped dropped.jsonl
+    """
+    exists = (Path(store_path) / "data.mdb").exists()
+    _note(f"{'opening' if exists else 'creating'} {store_path}")
+    store = (
+        Store.open(store_path)
+        if exists
+        else Store.open(store_path, create=True, threshold=threshold or 0.8)
+    )
+    ticker = _BatchTicker("dedup", Path(input_path).stat().st_size)
+    with store:
+        try:
+            result = ingest.dedup(
+                store,
+                input_path,
+                keep,
+                dropped,
+                id_field=id_field,
+                text_field=text_field,
+                threshold=threshold,
+                batch_size=batch_size,
+                on_batch=ticker,
+            )
+        except ingest.Interrupted as err:
+            _interrupted(err, ticker)
+    ticker.close()
+    summary = {
+        "kept": result.kept,
+        "dropped": result.dropped,
+        "failed": len(result.failed),
+        "resumed_from_line": result.resumed_from,
+    }
+    if as_json:
+        click.echo(json.dumps({"summary": summary}))
+    else:
+        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
+        for failure in result.failed[:10]:
+            click.echo(f"  failed: {failure.source}: {failure.reason}")
+    if fail_on_duplicates and result.dropped:
+        sys.exit(1)
+
+
+# -- reading the store ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--text", default=None, help="The query document itself.")
+@click.option(
+    "--file",
+    "file_",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A file holding one query document.",
+)
+@click.option(
+    "--jsonl",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="JSON lines of queries ('-' for stdin).",
+)
+@click.option("--id-field", default="id", show_default=True, help="JSON-lines id field.")
+@click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
+@click.option("--encoding", default="utf-8", show_default=True, help="Encoding of --file.")
+@click.option("--threshold", type=float, default=None, help="Minimum score (store default).")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Matches per query.")
+@click.option(
+    "--exact",
+    "exact_source",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="JSON lines of the stored documents' texts (same id/text fields): re-verify "
+    "every candidate by exact Jaccard.",
+)
+@click.option("--fail-on-duplicates", is_flag=True, help="Exit 1 when any match is found.")
+@_json_option
+def query(
+    path: str,
+    text: str | None,
+    file_: str | None,
+    jsonl: IO[str] | None,
+    id_field: str,
+    text_field: str,
+    encoding: str,
+    threshold: float | None,
+    limit: int | None,
+    exact_source: IO[str] | None,
+    fail_on_duplicates: bool,
+    as_json: bool,
+) -> None:
+    """Find stored near-duplicates of a text, a file or JSON lines of queries.
+
+    Scores are estimated Jaccard similarities (the share of equal signature values).
+
+    \b
+    Example:
+        neardup-admin query ./corpus.ndx --text "the quick brown fox"
+        neardup-admin query ./corpus.ndx --file draft.txt --threshold 0.6
+        neardup-admin query ./corpus.ndx --jsonl queries.jsonl --json --fail-on-duplicates
+        neardup-admin query ./corpus.ndx --text "the quick brown fox" --exact corpus.jsonl
+    """
+    given = [name for name, v in (("--text", text), ("--file", file_), ("--jsonl", jsonl)) if v]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --text, --file or --jsonl")
+    if text is not None:
+        queries: list[tuple[Any, str]] = [("text", text)]
+    elif file_ is not None:
+        queries = [(file_, _read_text(file_, encoding))]
+    else:
+        assert jsonl is not None
+        queries = _read_jsonl(jsonl, id_field, text_field)
+    exact = None
+    if exact_source is not None:
+        exact = _source_texts(_read_jsonl(exact_source, id_field, text_field), exact_source)
+    with open_store(path, readonly=True) as store:
+        results = store.query_many(
+            [t for _, t in queries], threshold=threshold, limit=limit, exact=exact
+        )
+    rows = [
+        (qid, m.key, m.score, m.exact)
+        for (qid, _), matches in zip(queries, results, strict=True)
+        for m in matches
+    ]
+    headers = ("query", "key", "score", "exact") if exact else ("query", "key", "score")
+    if as_json:
+        for qid, key, score, jaccard in rows:
+            record = {"query": qid, "key": render.key_text(key), "score": score}
+            render.json_line(record if exact is None else {**record, "exact": jaccard})
+    elif rows:
+        render.table(headers, [row[: len(headers)] for row in rows])
+    else:
+        click.echo("No matches.")
+    if fail_on_duplicates and rows:
+        sys.exit(1)
+
+
+_format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "csv", "table"]),
+    default="jsonl",
+    show_default=True,
+    help="Output format.",
+)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--threshold", type=float, default=None, help="Minimum score (store default).")
+@_format_option
+@click.option("--fail-on-duplicates", is_flag=True, help="Exit 1 when any pair is found.")
+def pairs(path: str, threshold: float | None, fmt: str, fail_on_duplicates: bool) -> None:
+    """List every near-duplicate pair in the store (first inserted first).
+
+    \b
+    Example:
+        neardup-admin pairs ./corpus.ndx --threshold 0.9 > pairs.jsonl
+        neardup-admin pairs ./corpus.ndx --format csv --fail-on-duplicates
+    """
+    headers = ("first", "second", "score")
+    with open_store(path, readonly=True) as store:
+        found = _with_progress(store.pairs(threshold), "pairs")
+        if fmt == "csv":
+            count = _count(found, lambda it: render.csv_rows(headers, it))
+        elif fmt == "table":
+            count = _count(found, lambda it: render.table(headers, list(it)))
+        else:
+            count = _count(found, _pairs_jsonl)
+    if fail_on_duplicates and count:
+        sys.exit(1)
+
+
+def _with_progress(found: Iterator[Pair], label: str) -> Iterator[tuple[Any, Any, float]]:
+    """Stream pairs as rows, behind a progress counter on a terminal (silent when piped).
+
+    When stdout is a terminal too, rows are held until the walk ends so that they do not
+    interleave with the bar.
+    """
+    rows = ((p.first, p.second, p.score) for p in found)
+    if not _show_progress():
+        yield from rows
+        return
+    held = []
+    with click.progressbar(rows, label=f"Finding {label}", file=sys.stderr) as bar:
+        for row in bar:
+            if sys.stdout.isatty():
+                held.append(row)
+            else:
+                yield row
+    yield from held
+
+
+def _count(rows: Iterator[tuple[Any, ...]], sink: Any) -> int:
+    """Feed ``rows`` to ``sink`` and return how many went through."""
+    seen = 0
+
+    def counting() -> Iterator[tuple[Any, ...]]:
+        nonlocal seen
+        for row in rows:
+            seen += 1
+            yield row
+
+    sink(counting())
+    return seen
+
+
+def _pairs_jsonl(rows: Iterator[tuple[Any, Any, float]]) -> None:
+    for first, second, score in rows:
+        render.json_line(
+            {"first": render.key_text(first), "second": render.key_text(second), "score": score}
+        )
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--threshold", type=float, default=None, help="Minimum score (store default).")
+@_format_option
+def clusters(path: str, threshold: float | None, fmt: str) -> None:
+    """List clusters: groups of documents linked by near-duplicate pairs.
+
+    \b
+    Example:
+        neardup-admin clusters ./corpus.ndx > clusters.jsonl
+        neardup-admin clusters ./corpus.ndx --format csv --threshold 0.9
+    """
+    with open_store(path, readonly=True) as store:
+        groups = store.clusters(threshold)
+    if fmt == "jsonl":
+        for number, keys in enumerate(groups, 1):
+            render.json_line({"cluster": number, "keys": [render.key_text(k) for k in keys]})
+        return
+    rows = [(number, key) for number, keys in enumerate(groups, 1) for key in keys]
+    if fmt == "csv":
+        render.csv_rows(("cluster", "key"), rows)
+    else:
+        render.table(("cluster", "key"), rows)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@_json_option
+def info(path: str, as_json: bool) -> None:
+    """Show a store's parameters, document count and file size (quick).
+
+    \b
+    Example:
+        neardup-admin info ./corpus.ndx
+    """
+    with open_store(path, readonly=True) as store:
+        flat, documents = store.params.flat(), len(store)
+    file_bytes = (Path(path) / "data.mdb").stat().st_size  # LMDB's data file
+    render.render_info(flat, documents, file_bytes, as_json)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--largest", type=click.IntRange(0), default=5, show_default=True)
+@_json_option
+def stats(path: str, largest: int, as_json: bool) -> None:
+    """Show full statistics: sizes, free pages, readers, bucket sizes, largest buckets.
+
+    Walks every band, so it takes about as long as reading the whole index. Large
+    buckets are usually shared boilerplate and make queries slow.
+
+    \b
+    Example:
+        neardup-admin stats ./corpus.ndx --largest 10
+    """
+    with open_store(path, readonly=True) as store:
+        report = store.stats(largest)
+    render.render_stats(report, as_json)
+
+
+# -- changing the store ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.argument("keys", nargs=-1)
+@click.option(
+    "--from-file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="Read keys from this file, one a line ('-' for stdin).",
+)
+@click.option("--missing-ok", is_flag=True, help="Ignore keys that are not stored.")
+@_json_option
+def remove(
+    path: str, keys: tuple[str, ...], from_file: IO[str] | None, missing_ok: bool, as_json: bool
+) -> None:
+    """Remove documents by key (all in one transaction: all or nothing).
+
+    \b
+    Example:
+        neardup-admin remove ./corpus.ndx doc-17 doc-18
+        neardup-admin remove ./corpus.ndx --from-file stale-keys.txt --missing-ok
+    """
+    wanted = list(keys)
+    if from_file is not None:
+        wanted += [line.rstrip("\r\n") for line in from_file if line.strip()]
+    if not wanted:
+        raise click.UsageError("give keys as arguments or with --from-file")
+    with open_store(path, readonly=False) as store:
+        removed = store.remove_many(wanted, missing_ok=missing_ok)
+    if as_json:
+        render.json_line({"removed": removed, "asked": len(wanted)})
+    else:
+        click.echo(f"Removed {removed} of {len(wanted)} documents.")
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--repair", is_flag=True, help="Re-derive band tables from the signatures.")
+@_json_option
+def check(path: str, repair: bool, as_json: bool) -> None:
+    """Check the store's invariants; exit 1 when violations are (still) present.
+
+    \b
+    Example:
+        neardup-admin check ./corpus.ndx
+        neardup-admin check ./corpus.ndx --repair
+    """
+    with open_store(path, readonly=not repair) as store:
+        report = store.check(repair)
+    render.render_check(report, as_json)
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--dry-run", is_flag=True, help="Report reclaimable space; change nothing.")
+@_json_option
+def compact(path: str, dry_run: bool, as_json: bool) -> None:
+    """Rewrite the store without free pages.
+
+    \b
+    Example:
+        neardup-admin compact ./corpus.ndx --dry-run
+    """
+    with open_store(path, readonly=dry_run) as store:
+        report = store.compact(dry_run)
+    render.render_compact(report, as_json)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.option("--threshold", type=float, default=None, help="New threshold (bands chosen).")
+@click.option("--bands", type=int, default=None, help="Explicit bands (with --rows).")
+@click.option("--rows", type=int, default=None, help="Explicit rows (with --bands).")
+@_json_option
+def rebuild(
+    path: str, threshold: float | None, bands: int | None, rows: int | None, as_json: bool
+) -> None:
+    """Re-band every document for a new threshold or banding (signatures are kept).
+
+    \b
+    Example:
+        neardup-admin rebuild ./corpus.ndx --threshold 0.9
+        neardup-admin rebuild ./corpus.ndx --bands 16 --rows 8
+    """
+    if threshold is None and bands is None and rows is None:
+        raise click.UsageError("give --threshold, or --bands and --rows")
+    with open_store(path, readonly=False) as store:
+        report = store.rebuild(threshold, bands, rows)
+    render.render_rebuild(report, as_json)
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.argument("out", type=click.File("wb"))
+@_json_option
+def export(path: str, out: IO[bytes], as_json: bool) -> None:
+    """Write the store's documents as a portable export stream ('-' for stdout).
+
+    \b
+    Example:
+        neardup-admin export ./corpus.ndx corpus.export
+        neardup-admin export ./corpus.ndx - | gzip > corpus.export.gz
+    """
+    with open_store(path, readonly=True) as store:
+        count = store.export(out)
+    out.flush()
+    message = {"exported": count}
+    if as_json:  # stdout may be the export itself: the summary goes to stderr then
+        click.echo(json.dumps(message), err=_is_stdout(out))
+    elif not _quiet():
+        click.echo(f"Exported {count} documents.", err=True)
+
+
+def _is_stdout(stream: IO[bytes]) -> bool:
+    return getattr(stream, "name", None) in ("<stdout>", "-") or stream is sys.stdout.buffer
+
+
+def _quiet() -> bool:
+    ctx = click.get_current_context()
+    return bool(ctx.obj and ctx.obj.get("quiet"))
+
+
+@cli.command(name="import")
+@click.argument("source", type=click.File("rb"))
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--replace", is_flag=True, help="Overwrite documents whose key is stored.")
+@_json_option
+def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
+    """Import an export stream ('-' for stdin) into PATH, creating the store if needed.
+
+    A new store takes the export's parameters; an existing one must have the same
+    signature configuration (its banding may differ: band keys are recomputed).
+
+    \b
+    Example:
+        neardup-admin import corpus.export ./copy.ndx
+        gunzip -c corpus.export.gz | neardup-admin import - ./copy.ndx
+    """
+    try:
+        store = Store.open(path)
+    except StoreNotFoundError:
+        with Store.create_from_export(path, source) as created:
+            count, created_new = len(created), True
+    else:
+        with store:
+            count, created_new = store.import_(source, replace=replace), False
+    if as_json:
+        render.json_line({"imported": count, "created": created_new, "path": path})
+    else:
+        where = "new store" if created_new else "store"
+        click.echo(f"Imported {count} documents into {where} {path}.")
+
+
+@cli.command()
+@click.argument("path", type=STORE)
+@click.argument("dest", type=click.Path(file_okay=False))
+@_json_option
+def backup(path: str, dest: str, as_json: bool) -> None:
+    """Write a consistent, compacted copy of the store to DEST while it stays in use.
+
+    \b
+    Example:
+        neardup-admin backup ./corpus.ndx /backups/corpus-2024-06-01.ndx
+    """
+    with open_store(path, readonly=True) as store:
+        report = store.backup(dest)
+    render.render_backup(report, as_json)
+
+
+# -- demo -----------------------------------------------------------------------------------------
 
 
 @cli.command()
@@ -93,54 +972,9 @@ def demo(
     config = MinHashConfig(num_perm=num_perm, scheme=scheme)  # type: ignore[arg-type]
     result = run_demo(docs, groups, seed, threshold, config, path)
     if as_json:
-        _print_demo_json(result)
+        render.demo_json(result)
     else:
-        _print_demo_table(result)
-
-
-def _print_demo_table(result: DemoResult) -> None:
-    p = result.params
-    click.echo(
-        f"{result.document_count} documents, num_perm={result.config.num_perm} "
-        f"scheme={result.config.scheme}, threshold={result.threshold}: "
-        f"{p.bands} bands x {p.rows} rows (S-curve midpoint ~{p.approx_threshold:.2f}, "
-        f"false positives {p.false_positive_rate(result.threshold):.2%}, "
-        f"false negatives {p.false_negative_rate(result.threshold):.2%})"
-    )
-    where = result.store_path or "a temporary store"
-    click.echo(f"Indexed in {where} ({result.store_bytes / 1e6:.1f} MB on disk).")
-    click.echo()
-    width = max((len(k) for g in result.groups for k in g.keys), default=8)
-    click.echo(f"{'group':>5}  {'key':<{width}}  est. Jaccard to first")
-    for number, group in enumerate(result.groups, 1):
-        for i, (key, sim) in enumerate(zip(group.keys, group.similarities, strict=True)):
-            label = str(number) if i == 0 else ""
-            click.echo(f"{label:>5}  {key:<{width}}  {sim:.3f}")
-    click.echo()
-    click.echo(
-        f"{len(result.groups)} groups found; {result.exact_matches} of "
-        f"{len(result.planted)} planted groups found exactly."
-    )
-
-
-def _print_demo_json(result: DemoResult) -> None:
-    for group in result.groups:
-        click.echo(json.dumps({"keys": group.keys, "similarities": group.similarities}))
-    summary = {
-        "summary": {
-            "documents": result.document_count,
-            "bands": result.params.bands,
-            "rows": result.params.rows,
-            "threshold": result.threshold,
-            "config": result.config.to_dict(),
-            "groups_found": len(result.groups),
-            "planted_groups": len(result.planted),
-            "planted_found_exactly": result.exact_matches,
-            "store_path": result.store_path,
-            "store_bytes": result.store_bytes,
-        }
-    }
-    click.echo(json.dumps(summary))
+        render.demo_table(result)
 
 
 def main() -> None:

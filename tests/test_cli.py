@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
+from test_maintenance import _missing_meta_entry, _put
 
-from neardup_store import __version__
+from neardup_store import Store, __version__, codec
+from neardup_store import cli as cli_module
 from neardup_store.cli import cli
 
 
@@ -93,3 +98,512 @@ def test_installed_entry_point_runs_in_a_subprocess() -> None:
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("Error: threshold=0.0")
+
+
+# -- store commands ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store_path(tmp_path: Path, near_dup_corpus: dict[str, str]) -> Path:
+    """A small store built through the library: two near-duplicate pairs, one loner."""
+    path = tmp_path / "corpus.ndx"
+    with Store.open(path, create=True, threshold=0.7) as store:
+        store.add_many(near_dup_corpus.items())
+    return path
+
+
+def _run(runner: CliRunner, *args: object, input: bytes | str | None = None) -> Result:
+    return runner.invoke(cli, [str(a) for a in args], input=input)
+
+
+def _jsonl(output: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in output.splitlines() if line.strip()]
+
+
+def test_init_creates_a_store_and_prints_the_banding(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "new.ndx"
+    result = _run(runner, "init", path, "--threshold", "0.6", "--num-perm", "64", "--no-casefold")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"Created {path}: ")
+    assert "false positives" in result.output and "false negatives" in result.output
+    with Store.open(path, read_only=True) as store:
+        assert store.config.num_perm == 64 and not store.config.shingles.casefold
+        assert store.threshold == 0.6
+    again = _run(runner, "init", path, "--json")
+    assert again.exit_code == 2
+    assert (
+        again.output
+        == f"Error: {path}: a store already exists here; init only creates new stores\n"
+    )
+
+
+def test_init_json_with_explicit_banding(runner: CliRunner, tmp_path: Path) -> None:
+    result = _run(runner, "init", tmp_path / "s", "--bands", "16", "--rows", "8", "--json")
+    assert result.exit_code == 0, result.output
+    (record,) = _jsonl(result.output)
+    assert (record["bands"], record["rows"]) == (16, 8) and 0 < record["false_positive_rate"] < 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--threshold", "1.5"], "Error: threshold=1.5 is not valid"),
+        (["--bands", "20", "--rows", "7"], "Error: bands*rows='20*7=140' is not valid"),
+        (["--bands", "20"], "Error: bands/rows=(20, None) is not valid"),
+        (["--shingle-size", "0"], "Error: size=0 is not valid"),
+    ],
+)
+def test_init_rejects_bad_parameters(
+    runner: CliRunner, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = _run(runner, "init", tmp_path / "s", *args)
+    assert result.exit_code == 2 and result.output.startswith(message), result.output
+    assert len(result.output.splitlines()) == 1
+    assert not (tmp_path / "s" / "data.mdb").exists()
+
+
+def test_params_table_plot_and_json(runner: CliRunner) -> None:
+    result = _run(runner, "params", "--threshold", "0.8", "--num-perm", "128")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("num_perm=128: 9 bands x 13 rows at threshold 0.8")
+    assert sum(1 for line in lines if line.strip().startswith("0.")) >= 20  # table rows
+    plot = [line for line in lines if line.startswith("     |") or line.startswith(" 1.0 |")]
+    assert len(plot) >= 19 and all(len(line) <= 66 for line in plot)
+    rows = _jsonl(_run(runner, "params", "--threshold", "0.8", "--json").output)
+    assert [r["similarity"] for r in rows[:-1]] == [round(i * 0.05, 2) for i in range(21)]
+    assert rows[-1]["summary"]["bands"] == 9 and rows[-1]["summary"]["rows"] == 13
+    assert rows[0]["probability"] == 0.0 and rows[-2]["probability"] == 1.0
+
+
+def test_params_weights_and_use_all(runner: CliRunner) -> None:
+    result = _run(runner, "params", "--threshold", "0.5", "--num-perm", "64", "--use-all", "--json")
+    summary = _jsonl(result.output)[-1]["summary"]
+    assert summary["bands"] * summary["rows"] == 64
+    bad = _run(runner, "params", "--threshold", "1.5")
+    assert bad.exit_code == 2 and bad.output.startswith("Error: threshold=1.5 is not valid")
+
+
+def test_params_png_without_matplotlib_says_how_to_get_it(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)
+    )
+    result = _run(runner, "params", "--threshold", "0.8", "--png", tmp_path / "c.png")
+    assert result.exit_code == 2
+    assert result.output == (
+        "Error: --png needs matplotlib, which is not installed: pip install matplotlib\n"
+    )
+
+
+def test_query_text_table_json_and_fail_on_duplicates(
+    runner: CliRunner, store_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    text = near_dup_corpus["storm-a"]
+    result = _run(runner, "query", store_path, "--text", text)
+    assert result.exit_code == 0, result.output
+    header, *rows = result.output.splitlines()
+    assert header.split() == ["query", "key", "score"]
+    assert rows[0].split()[:2] == ["text", "storm-a"] and rows[0].endswith("1.0000")
+    records = _jsonl(_run(runner, "query", store_path, "--text", text, "--json").output)
+    assert records[0] == {"query": "text", "key": "storm-a", "score": 1.0}
+    assert {r["key"] for r in records} == {"storm-a", "storm-b"}
+    limited = _run(runner, "query", store_path, "--text", text, "--limit", "1", "--json")
+    assert len(_jsonl(limited.output)) == 1
+    assert _run(runner, "query", store_path, "--text", text, "--fail-on-duplicates").exit_code == 1
+    none = _run(runner, "query", store_path, "--text", "zzz qqq xxx " * 5, "--fail-on-duplicates")
+    assert none.exit_code == 0 and none.output == "No matches.\n"
+
+
+def test_query_file_and_jsonl_from_stdin(
+    runner: CliRunner, store_path: Path, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    doc = tmp_path / "doc.txt"
+    doc.write_text(near_dup_corpus["recipe-b"], encoding="utf-8")
+    records = _jsonl(_run(runner, "query", store_path, "--file", doc, "--json").output)
+    assert {r["key"] for r in records} == {"recipe-a", "recipe-b"}
+    assert records[0]["query"] == str(doc)
+    lines = [
+        json.dumps({"doc": "q1", "body": near_dup_corpus["unrelated"]}),
+        "",
+        json.dumps({"doc": "q2", "body": near_dup_corpus["storm-b"]}),
+    ]
+    result = _run(
+        runner, "query", store_path, "--jsonl", "-", "--id-field", "doc", "--text-field", "body",
+        "--json", input="\n".join(lines) + "\n",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = {(r["query"], r["key"]) for r in _jsonl(result.output)}
+    assert got == {("q1", "unrelated"), ("q2", "storm-a"), ("q2", "storm-b")}
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (
+            '{"id": 1, "text": "ok text here"}\n{"id": 2, "text": \n',
+            "Error: <stdin>:2: not valid JSON",
+        ),
+        ('["a list"]\n', "Error: <stdin>:1: expected a JSON object"),
+        ('{"id": 1, "body": "x"}\n', "Error: <stdin>:1: no string field 'text'"),
+    ],
+)
+def test_query_rejects_malformed_json_lines(
+    runner: CliRunner, store_path: Path, payload: str, message: str
+) -> None:
+    result = _run(runner, "query", store_path, "--jsonl", "-", input=payload)
+    assert result.exit_code == 2 and result.output.startswith(message), result.output
+    assert len(result.output.splitlines()) == 1
+
+
+def test_query_input_errors_exit_2(runner: CliRunner, store_path: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 au lait and a long enough text")
+    result = _run(runner, "query", store_path, "--file", bad)
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: {bad}: not valid utf-8 (byte 0xe9 at offset 3); "
+        "pass --encoding with the file's encoding\n"
+    )
+    assert _run(runner, "query", store_path, "--file", bad, "--encoding", "latin-1").exit_code == 0
+    missing = _run(runner, "query", store_path, "--file", tmp_path / "nope.txt")
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    both = _run(runner, "query", store_path, "--text", "a", "--file", bad)
+    assert both.exit_code == 2 and "exactly one of --text, --file or --jsonl" in both.output
+    high = _run(runner, "query", store_path, "--text", "some text", "--threshold", "1.5")
+    assert high.exit_code == 2 and high.output.startswith("Error: threshold=1.5 is not valid")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["query", "--text", "x"], ["info"], ["stats"], ["pairs"], ["clusters"], ["check"],
+     ["compact"], ["rebuild", "--threshold", "0.5"], ["remove", "k"], ["export", "-"]],
+)  # fmt: skip
+def test_a_missing_store_is_one_error_line(
+    runner: CliRunner, tmp_path: Path, command: list[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    name, *rest = command
+    result = _run(runner, name, empty, *rest)
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: {empty}: no store here; pass create=True (or run `neardup-admin init "
+        f"{empty}`) to make one\n"
+    )
+    gone = _run(runner, name, tmp_path / "gone", *rest)
+    assert (
+        gone.exit_code == 2 and "does not exist" in gone.output and "Traceback" not in gone.output
+    )
+
+
+def test_remove_keys_from_arguments_and_stdin(runner: CliRunner, store_path: Path) -> None:
+    missing = _run(runner, "remove", store_path, "storm-a", "nope")
+    assert missing.exit_code == 2
+    assert missing.output.startswith("Error: key 'nope' is not in the store")
+    assert _run(runner, "remove", store_path, "storm-a", "nope", "--missing-ok").output == (
+        "Removed 1 of 2 documents.\n"
+    )
+    result = _run(runner, "remove", store_path, "--from-file", "-", "--json", input="recipe-a\n\n")
+    assert _jsonl(result.output) == [{"removed": 1, "asked": 1}]
+    with Store.open(store_path, read_only=True) as store:
+        assert sorted(store) == ["recipe-b", "storm-b", "unrelated"]
+    assert _run(runner, "remove", store_path).exit_code == 2
+
+
+def test_pairs_and_clusters_formats(runner: CliRunner, store_path: Path) -> None:
+    pairs = _run(runner, "pairs", store_path)
+    assert pairs.exit_code == 0, pairs.output
+    got = {(r["first"], r["second"]) for r in _jsonl(pairs.output)}
+    assert got == {("storm-a", "storm-b"), ("recipe-a", "recipe-b")}
+    csv_out = _run(runner, "pairs", store_path, "--format", "csv").output.splitlines()
+    assert csv_out[0] == "first,second,score" and len(csv_out) == 3
+    assert _run(runner, "pairs", store_path, "--fail-on-duplicates").exit_code == 1
+    strict = _run(runner, "pairs", store_path, "--threshold", "0.999", "--fail-on-duplicates")
+    assert strict.exit_code == 0 and strict.output == ""
+    clusters = _jsonl(_run(runner, "clusters", store_path).output)
+    assert sorted(sorted(c["keys"]) for c in clusters) == [
+        ["recipe-a", "recipe-b"],
+        ["storm-a", "storm-b"],
+    ]
+    csv_clusters = _run(runner, "clusters", store_path, "--format", "csv").output.splitlines()
+    assert csv_clusters[0] == "cluster,key" and len(csv_clusters) == 5
+    table = _run(runner, "clusters", store_path, "--format", "table").output.splitlines()
+    assert table[0].split() == ["cluster", "key"]
+
+
+def test_info_and_stats(runner: CliRunner, store_path: Path) -> None:
+    info = _jsonl(_run(runner, "info", store_path, "--json").output)[0]
+    assert info["documents"] == 5 and info["params"]["threshold"] == 0.7 and info["file_bytes"] > 0
+    human = _run(runner, "info", store_path).output
+    assert human.splitlines()[0].split() == ["documents", "5"]
+    stats = _jsonl(_run(runner, "stats", store_path, "--json").output)
+    assert stats[0]["documents"] == 5 and "free_pages" in stats[0]
+    bands = [r for r in stats if "band" in r]
+    assert len(bands) == info["params"]["bands"] and all(r["entries"] == 5 for r in bands)
+    assert any("largest_bucket" in r for r in stats)
+    text = _run(runner, "stats", store_path).output
+    assert "Bucket sizes" in text and "Largest buckets" in text
+
+
+def test_check_exit_codes(runner: CliRunner, store_path: Path) -> None:
+    ok = _run(runner, "check", store_path)
+    assert ok.exit_code == 0 and ok.output == "OK: 5 documents checked, 0 violations found.\n"
+    _put(store_path, codec.META_DB, b"next_doc_id", codec.pack_meta(1))  # ids in use above
+    bad = _run(runner, "check", store_path, "--json")
+    assert bad.exit_code == 1
+    *violations, summary = _jsonl(bad.output)
+    assert {v["kind"] for v in violations} == {"doc-id"} and not summary["summary"]["ok"]
+    repaired = _run(runner, "check", store_path, "--repair")
+    assert repaired.exit_code == 0, repaired.output
+    assert "remain after repair" in repaired.output
+    _missing_meta_entry(store_path)
+    unrepairable = _run(runner, "check", store_path, "--repair")
+    assert unrepairable.exit_code == 1 and unrepairable.output.splitlines()[-1].startswith(
+        "VIOLATIONS"
+    )
+
+
+def test_compact_rebuild_backup(runner: CliRunner, store_path: Path, tmp_path: Path) -> None:
+    _run(runner, "remove", store_path, "storm-a")
+    dry = _jsonl(_run(runner, "compact", store_path, "--dry-run", "--json").output)[0]
+    assert dry["dry_run"] and dry["bytes_before"] >= dry["bytes_after"]
+    assert "reclaimed" in _run(runner, "compact", store_path).output
+    rebuilt = _run(runner, "rebuild", store_path, "--bands", "16", "--rows", "8", "--json")
+    assert _jsonl(rebuilt.output)[0]["new"]["bands"] == 16
+    assert _run(runner, "rebuild", store_path).exit_code == 2
+    too_wide = _run(runner, "rebuild", store_path, "--bands", "20", "--rows", "7")
+    assert too_wide.exit_code == 2 and too_wide.output.startswith("Error: bands*rows=")
+    dest = tmp_path / "backup.ndx"
+    backed = _run(runner, "backup", store_path, dest)
+    assert backed.exit_code == 0 and backed.output.startswith("Backed up 4 documents")
+    with Store.open(dest, read_only=True) as copy:
+        assert len(copy) == 4 and copy.banding.bands == 16
+
+
+def test_export_to_stdout_and_import_both_ways(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    exported = runner.invoke(cli, ["--quiet", "export", str(store_path), "-"])
+    assert exported.exit_code == 0
+    data = exported.stdout_bytes
+    assert data and not data.startswith(b"Exported")
+    target = tmp_path / "copy.ndx"
+    created = _run(runner, "import", "-", target, "--json", input=data)
+    assert _jsonl(created.output) == [{"imported": 5, "created": True, "path": str(target)}]
+    again = _run(runner, "import", "-", target, input=data)
+    assert again.exit_code == 2 and again.output.startswith("Error: key ")
+    _run(runner, "remove", target, "storm-a", "storm-b")
+    merged = _run(runner, "import", "-", target, "--replace", input=data)
+    assert merged.output == f"Imported 5 documents into store {target}.\n"
+    garbage = _run(runner, "import", "-", tmp_path / "other.ndx", input=b"not an export")
+    assert garbage.exit_code == 2 and garbage.output.startswith("Error: ")
+
+
+def test_verbose_notes_go_to_stderr(runner: CliRunner, store_path: Path) -> None:
+    result = runner.invoke(cli, ["--verbose", "info", str(store_path), "--json"])
+    assert result.exit_code == 0
+    assert "opening" in result.stderr and json.loads(result.stdout)["documents"] == 5
+
+
+def test_store_commands_in_a_subprocess(
+    tmp_path: Path, store_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    def admin(*args: object, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "neardup_store", *map(str, args)]
+        return subprocess.run(command, capture_output=True, input=input, check=False)
+
+    created = admin("init", tmp_path / "fresh.ndx", "--threshold", "0.9")
+    assert created.returncode == 0 and created.stdout.startswith(b"Created ")
+    query = admin("query", store_path, "--text", near_dup_corpus["storm-b"], "--json")
+    assert query.returncode == 0
+    assert {json.loads(line)["key"] for line in query.stdout.splitlines()} == {"storm-a", "storm-b"}
+    info = admin("info", store_path, "--json")
+    assert json.loads(info.stdout)["documents"] == 5
+    assert admin("check", store_path).returncode == 0
+    exported = admin("export", store_path, "-")
+    assert exported.returncode == 0 and exported.stderr == b"Exported 5 documents.\n"
+    imported = admin("import", "-", tmp_path / "copy.ndx", input=exported.stdout)
+    assert imported.returncode == 0, imported.stderr
+    missing = admin("info", tmp_path / "fresh.ndx" / "nothing")
+    assert missing.returncode == 2 and b"Traceback" not in missing.stderr
+
+
+def test_pairs_behind_a_progress_bar_still_prints_every_pair(
+    runner: CliRunner, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module, "_show_progress", lambda: True)
+    result = _run(runner, "pairs", store_path, "--format", "csv")
+    assert result.exit_code == 0, result.output
+    assert sorted(result.stdout.splitlines()[1:])[0].startswith("recipe-a,recipe-b,")
+    assert len(result.stdout.splitlines()) == 3
+
+
+def test_query_exact_reverifies_against_source_texts(
+    runner: CliRunner, store_path: Path, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    source = tmp_path / "source.jsonl"
+    source.write_text(
+        "".join(json.dumps({"id": k, "text": t}) + "\n" for k, t in near_dup_corpus.items()),
+        encoding="utf-8",
+    )
+    text = near_dup_corpus["storm-a"]
+    result = _run(runner, "query", store_path, "--text", text, "--exact", source, "--json")
+    assert result.exit_code == 0, result.output
+    records = _jsonl(result.output)
+    assert records[0] == {"query": "text", "key": "storm-a", "score": 1.0, "exact": 1.0}
+    assert all(0.7 <= r["exact"] <= 1.0 for r in records)
+    table = _run(runner, "query", store_path, "--text", text, "--exact", source).output
+    assert table.splitlines()[0].split() == ["query", "key", "score", "exact"]
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text(json.dumps({"id": "storm-a", "text": text}) + "\n", encoding="utf-8")
+    missing = _run(runner, "query", store_path, "--text", text, "--exact", partial)
+    assert missing.exit_code == 2
+    assert missing.output == (
+        f"Error: {partial}: no text for stored key 'storm-b' (needed by --exact)\n"
+    )
+
+
+# -- feeding the store -----------------------------------------------------------------------
+
+
+def _archive(path: Path, documents: dict[str, str], extra: str = "") -> Path:
+    with path.open("w", encoding="utf-8") as out:
+        for key, text in documents.items():
+            out.write(json.dumps({"id": key, "text": text, "lang": "en"}) + "\n")
+        out.write(extra)
+    return path
+
+
+def test_add_files_directories_and_jsonl_with_a_report(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store, "--threshold", 0.7).exit_code == 0
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for key, text in near_dup_corpus.items():
+        (folder / f"{key}.txt").write_text(text, encoding="utf-8")
+    (folder / "skip.md").write_text("not included", encoding="utf-8")
+    (folder / "bad.txt").write_bytes(b"caf\xe9 in latin-1")
+    result = _run(runner, "add", store, folder, "--include", "*.txt", "--json")
+    assert result.exit_code == 1  # one input could not be read
+    assert _jsonl(result.output)[-1]["summary"] == {
+        "added": 5,
+        "replaced": 0,
+        "skipped": 0,
+        "failed": 1,
+        "batches": 1,
+    }
+    archive = _archive(
+        tmp_path / "a.jsonl", {"fresh": "a brand new document about otters"}, "{not json\n"
+    )
+    report = tmp_path / "report.jsonl"
+    result = _run(runner, "add", store, archive, "--jsonl", "--report", report)
+    assert result.exit_code == 1
+    assert result.output.startswith("added 1, replaced 0, skipped 0, failed 1")
+    assert "a.jsonl:2: malformed JSON" in result.output
+    assert _jsonl(report.read_text())[0]["source"].endswith("a.jsonl:2")
+    with Store.open(store) as opened:
+        assert len(opened) == 6 and opened.get("fresh").metadata == {"lang": "en"}
+
+
+def test_add_unique_reports_what_it_skipped(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    store = tmp_path / "s.ndx"
+    _run(runner, "init", store, "--threshold", 0.5, "--num-perm", 256, "--bands", 64, "--rows", 4)
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    report = tmp_path / "skipped.jsonl"
+    result = _run(runner, "add", store, archive, "--jsonl", "--unique", "--report", report)
+    assert result.exit_code == 0, result.output
+    skipped = {r["key"]: r["matches"] for r in _jsonl(report.read_text())}
+    assert skipped == {"storm-b": ["storm-a"], "recipe-b": ["recipe-a"]}
+    with Store.open(store) as opened:
+        assert sorted(opened) == ["recipe-a", "storm-a", "unrelated"]
+
+
+def test_add_to_a_missing_store_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
+    result = _run(runner, "add", tmp_path / "nowhere", tmp_path)
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_dedup_keeps_first_of_each_group_and_resumes(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = [
+        "dedup",
+        archive,
+        "--store",
+        tmp_path / "d.ndx",
+        "--threshold",
+        0.5,
+        "--keep",
+        tmp_path / "k.jsonl",
+        "--dropped",
+        tmp_path / "x.jsonl",
+        "--json",
+    ]
+    result = _run(runner, *args)
+    assert result.exit_code == 0, result.output
+    assert _jsonl(result.output)[-1]["summary"]["dropped"] == 2
+    kept = [r["id"] for r in _jsonl((tmp_path / "k.jsonl").read_text())]
+    dropped = {r["id"]: r["duplicate_of"] for r in _jsonl((tmp_path / "x.jsonl").read_text())}
+    assert kept == ["storm-a", "recipe-a", "unrelated"]
+    assert dropped == {"storm-b": "storm-a", "recipe-b": "recipe-a"}
+    again = _run(runner, *args, "--fail-on-duplicates")  # a finished job: nothing to redo
+    assert again.exit_code == 1 and _jsonl(again.output)[-1]["summary"]["kept"] == 3
+    assert [r["id"] for r in _jsonl((tmp_path / "k.jsonl").read_text())] == kept
+
+
+def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -> None:
+    """A real SIGINT to a real ingest: every batch before it is committed, nothing of the
+    one in progress, and the command says how many batches were committed."""
+    import random
+    import signal
+    import time
+
+    store = tmp_path / "s.ndx"
+    Store.open(store, create=True, num_perm=32).close()
+    rng = random.Random(1)
+    documents = {
+        f"d{i:06d}": " ".join(rng.choices(["alpha", "beta", "gamma", "delta", "eps"], k=60))
+        + f" {i}"
+        for i in range(40_000)
+    }
+    archive = _archive(tmp_path / "a.jsonl", documents)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neardup_store",
+            "add",
+            str(store),
+            str(archive),
+            "--jsonl",
+            "--batch-size",
+            "100",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        with Store.open(store, read_only=True) as opened:
+            if len(opened) >= 300:
+                break
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    line = [x for x in err.splitlines() if x.startswith("interrupted:")][-1]
+    batches = int(line.split()[1])
+    assert line.endswith("batches committed, nothing half-applied")
+    with Store.open(store) as opened:
+        assert len(opened) == 100 * batches  # whole batches only
+        assert list(opened)[-1] == f"d{100 * batches - 1:06d}"
+        assert opened.check().ok

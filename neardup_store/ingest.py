@@ -1,0 +1,703 @@
+"""Feeding a store from files: input readers, batched ingest, and resumable archive dedup.
+
+These are the library halves of ``neardup-admin add`` and ``neardup-admin dedup``: they
+never print, and report through frozen dataclasses and an optional ``on_batch`` callback
+(called after each committed batch, so a progress bar only ever shows durable work).
+
+Readers yield :class:`Record` items and, for input that cannot be used (invalid UTF-8, a
+malformed JSON line, a missing field), :class:`Failure` items in the same stream, so one
+bad file or line is counted and reported instead of stopping a long run.
+
+Each batch is one write transaction. Records are validated and signed *before* their
+transaction, so a bad record becomes a failure instead of aborting its batch. A
+``KeyboardInterrupt`` aborts only the open batch: :class:`Interrupted` (still a
+``KeyboardInterrupt``) carries the report of what was committed before it.
+
+:func:`dedup` is resumable. After each batch it records its position in a sidecar JSON
+file next to the keep file (:func:`progress_path`), in two steps around the commit:
+
+1. outputs written, flushed and fsynced; sidecar replaced atomically with the batch as
+   *pending* (plus the key of its first kept document, the *probe*);
+2. the store commits;
+3. sidecar replaced with the batch as *committed*.
+
+On restart a pending batch counts as committed exactly when its probe key is in the
+store (kept documents are always new keys); a batch that kept nothing changed only the
+fsynced outputs, so it counts as committed either way. Outputs are then truncated to the
+recorded sizes and reading continues at the recorded input offset, so the final outputs
+equal those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import codec
+from .errors import EmptyDocumentError, InvalidParameterError, NeardupError
+from .txn import Key, Match
+
+if TYPE_CHECKING:
+    from .store import Store
+
+STDIN = "-"
+"""The input path that means standard input."""
+PROGRESS_SUFFIX = ".progress.json"
+_STATE_VERSION = 1
+
+
+# -- records and reports ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document to ingest: ``source`` says where it came from (for failure reports)."""
+
+    key: Key
+    text: str
+    metadata: Any = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An input that could not be used, and why (``source`` is a path, ``path:line`` or key)."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A valid document that was not added: its key exists, or it near-duplicates others."""
+
+    key: Key
+    reason: str
+    matches: tuple[Match, ...] = ()
+
+    @property
+    def matching_keys(self) -> list[Key]:
+        """Keys of the stored documents it duplicates, best first (empty for a key clash)."""
+        return [m.key for m in self.matches]
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """Totals after a committed batch, passed to ``on_batch``.
+
+    For :func:`dedup`, ``records`` counts input lines (blank and failed ones too),
+    ``added`` kept and ``skipped`` dropped documents, and ``input_offset`` is the byte
+    position reached in the input (for a progress bar against the file size).
+    """
+
+    batches_committed: int
+    records: int
+    added: int
+    skipped: int
+    failed: int
+    input_offset: int | None = None
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What :func:`ingest` did; ``batches_committed`` is durable even if it was interrupted."""
+
+    added: int
+    replaced: int
+    skipped: list[Skipped]
+    failed: list[Failure]
+    batches_committed: int
+
+
+@dataclass(frozen=True)
+class DedupReport:
+    """What :func:`dedup` did over the whole job, including runs it resumed.
+
+    ``resumed_from`` is the input line the run continued after (``None``: a fresh start).
+    """
+
+    kept: int
+    dropped: int
+    failed: list[Failure]
+    resumed_from: int | None
+    batches_committed: int
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`ingest` or :func:`dedup`: earlier batches are committed, nothing
+    of the current one is. ``report`` is the report up to the last committed batch."""
+
+    def __init__(self, report: IngestReport | DedupReport) -> None:
+        super().__init__(
+            f"interrupted: {report.batches_committed} batches committed, nothing half-applied"
+        )
+        self.report = report
+        self.batches_committed = report.batches_committed
+
+
+class DedupStateError(NeardupError, ValueError):
+    """The progress file next to the keep file does not fit this dedup run."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"{path}: {reason}; rerun with the same arguments to resume, or delete it (and "
+            "use a fresh store) to start over"
+        )
+        self.path, self.reason = path, reason
+
+
+# -- readers ---------------------------------------------------------------------------------
+
+
+def read_inputs(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    include: Sequence[str] = ("*",),
+    jsonl: bool = False,
+    id_field: str = "id",
+    text_field: str = "text",
+    encoding: str = "utf-8",
+) -> Iterator[Record | Failure]:
+    """Records from plain-text files, directories, JSON-lines files or ``-`` (stdin).
+
+    A plain file is one document keyed by its path. A directory is walked recursively in
+    sorted order, taking files whose name or relative path matches any ``include`` glob.
+    With ``jsonl``, every file (and stdin) holds one JSON object per line: the key comes
+    from ``id_field`` (a string, or an integer turned into one), the text from
+    ``text_field``, and every other field is kept as metadata. Blank lines are ignored.
+
+    Unusable input is yielded as :class:`Failure` so callers can count it and go on.
+    """
+    if isinstance(include, str):
+        include = (include,)
+    for path in paths:
+        name = os.fspath(path)
+        if name == STDIN:
+            yield from _read_stream(sys.stdin.buffer, name, jsonl, id_field, text_field, encoding)
+            continue
+        target = Path(name)
+        if target.is_dir():
+            for file in _walk(target, include):
+                yield from _read_file(file, jsonl, id_field, text_field, encoding)
+        elif target.exists():
+            yield from _read_file(target, jsonl, id_field, text_field, encoding)
+        else:
+            yield Failure(name, "no such file or directory")
+
+
+def _walk(directory: Path, include: Sequence[str]) -> Iterator[Path]:
+    """Files under ``directory`` matching a glob, sorted so runs are repeatable."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for file_name in files:
+            file = Path(root, file_name)
+            relative = file.relative_to(directory).as_posix()
+            if any(fnmatch.fnmatch(file_name, g) or fnmatch.fnmatch(relative, g) for g in include):
+                found.append(file)
+    return iter(sorted(found))
+
+
+def _read_file(
+    path: Path, jsonl: bool, id_field: str, text_field: str, encoding: str
+) -> Iterator[Record | Failure]:
+    try:
+        stream = path.open("rb")
+    except OSError as err:
+        yield Failure(str(path), f"cannot read it: {err.strerror or err}")
+        return
+    with stream:
+        yield from _read_stream(stream, str(path), jsonl, id_field, text_field, encoding)
+
+
+def _read_stream(
+    stream: IO[bytes], name: str, jsonl: bool, id_field: str, text_field: str, encoding: str
+) -> Iterator[Record | Failure]:
+    if jsonl:
+        for number, raw in enumerate(stream, 1):
+            if raw.strip():
+                item = parse_line(raw, f"{name}:{number}", id_field, text_field, encoding)
+                yield item if isinstance(item, Failure) else item[0]
+        return
+    try:
+        data = stream.read()
+    except OSError as err:
+        yield Failure(name, f"cannot read it: {err.strerror or err}")
+        return
+    try:
+        yield Record(name, data.decode(encoding), None, name)
+    except UnicodeDecodeError as err:
+        yield Failure(name, _decode_reason(err, encoding))
+
+
+def _decode_reason(err: UnicodeDecodeError, encoding: str) -> str:
+    return f"not valid {encoding} at byte {err.start} ({err.reason}); pass the right encoding"
+
+
+def parse_line(
+    raw: bytes, source: str, id_field: str, text_field: str, encoding: str = "utf-8"
+) -> tuple[Record, dict[str, Any]] | Failure:
+    """One JSON line as a record and the parsed object, or a :class:`Failure` saying why."""
+    try:
+        obj = json.loads(raw.decode(encoding))
+    except UnicodeDecodeError as err:
+        return Failure(source, _decode_reason(err, encoding))
+    except json.JSONDecodeError as err:
+        return Failure(source, f"malformed JSON ({err.msg} at column {err.colno})")
+    if not isinstance(obj, dict):
+        return Failure(source, f"expected a JSON object, got {type(obj).__name__}")
+    missing = [f for f in (id_field, text_field) if f not in obj]
+    if missing:
+        return Failure(source, f"missing field {', '.join(map(repr, missing))}")
+    key = obj[id_field]
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str):
+        return Failure(source, f"field {id_field!r} must be a string or integer")
+    text = obj[text_field]
+    if not isinstance(text, str):
+        return Failure(source, f"field {text_field!r} must be a string, not {_json_type(text)}")
+    metadata = {k: v for k, v in obj.items() if k not in (id_field, text_field)} or None
+    return Record(key, text, metadata, source), obj
+
+
+def _json_type(value: object) -> str:
+    return {dict: "an object", list: "an array", type(None): "null", bool: "a boolean"}.get(
+        type(value), "a number"
+    )
+
+
+# -- validation and signing (before any transaction) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class _Signed:
+    record: Record
+    signature: npt.NDArray[np.uint32]
+
+
+def _as_record(item: object) -> Record | Failure:
+    if isinstance(item, (Record, Failure)):
+        return item
+    if isinstance(item, (tuple, list)) and len(item) in (2, 3):
+        key, text = item[0], item[1]
+        return Record(key, text, item[2] if len(item) == 3 else None, str(key))
+    return Failure(repr(item)[:60], "expected a Record or a (key, text[, metadata]) tuple")
+
+
+def _sign(store: Store, records: Sequence[Record]) -> tuple[list[_Signed], list[Failure]]:
+    """Validate keys, metadata and texts one by one, then sign the valid ones as a batch."""
+    valid: list[Record] = []
+    failed: list[Failure] = []
+    for record in records:
+        source = record.source or str(record.key)
+        try:
+            codec.key_bytes(record.key)
+            codec.pack_metadata(record.metadata)
+        except NeardupError as err:
+            failed.append(Failure(source, str(err)))
+            continue
+        if not isinstance(record.text, str):
+            failed.append(Failure(source, f"text must be a str, not {type(record.text).__name__}"))
+            continue
+        valid.append(record)
+    try:
+        signatures = list(store.hasher.signatures([r.text for r in valid]))
+    except EmptyDocumentError:
+        # Rare: sign one by one so only the empty documents fail.
+        signed, signatures = [], []
+        for record in valid:
+            try:
+                signatures.append(store.hasher.signatures([record.text])[0])
+                signed.append(record)
+            except EmptyDocumentError:
+                failed.append(Failure(record.source or str(record.key), "empty document"))
+        valid = signed
+    return [_Signed(r, s) for r, s in zip(valid, signatures, strict=True)], failed
+
+
+# -- ingest ----------------------------------------------------------------------------------
+
+
+def ingest(
+    store: Store,
+    records: Iterable[Record | Failure | tuple[Any, ...]],
+    *,
+    batch_size: int = 1000,
+    replace: bool = False,
+    unique: bool = False,
+    threshold: float | None = None,
+    on_batch: Callable[[BatchProgress], None] | None = None,
+) -> IngestReport:
+    """Add records to ``store`` in batches, one write transaction per batch.
+
+    Args:
+        records: :class:`Record` / :class:`Failure` items (as from :func:`read_inputs`) or
+            ``(key, text[, metadata])`` tuples.
+        replace: overwrite documents whose key exists (otherwise they are skipped).
+        unique: add only documents with no near-duplicate in the store or earlier in the
+            input; skipped ones are reported with their matches.
+        threshold: similarity for ``unique`` (default: the store's threshold).
+        on_batch: called with :class:`BatchProgress` after each commit.
+
+    Raises:
+        Interrupted: on ``KeyboardInterrupt``; its ``report`` covers the committed batches.
+        InvalidParameterError: bad ``batch_size``, or ``unique`` with ``replace``.
+    """
+    _check_batch_size(batch_size)
+    if unique and replace:
+        raise InvalidParameterError("replace", replace, "False when unique=True")
+    if threshold is not None and not unique:
+        raise InvalidParameterError("threshold", threshold, "None unless unique=True")
+    if threshold is not None:
+        threshold = store._check_threshold(threshold)
+    added = replaced = batches = seen = 0
+    skipped: list[Skipped] = []
+    failed: list[Failure] = []
+
+    def report() -> IngestReport:
+        return IngestReport(added, replaced, skipped, failed, batches)
+
+    try:
+        for chunk in _chunks(records, batch_size):
+            items = [_as_record(item) for item in chunk]
+            signed, bad = _sign(store, [r for r in items if isinstance(r, Record)])
+            with store.write() as txn:
+                if unique:
+                    n_added, batch_skipped = _add_unique(txn, signed, threshold)
+                    n_replaced = 0
+                else:
+                    n_added, n_replaced, batch_skipped = _add_plain(txn, signed, replace)
+            # Committed: only now does the batch count.
+            added, replaced, batches = added + n_added, replaced + n_replaced, batches + 1
+            skipped.extend(batch_skipped)
+            failed.extend([r for r in items if isinstance(r, Failure)] + bad)
+            seen += len(chunk)
+            if on_batch is not None:
+                on_batch(BatchProgress(batches, seen, added, len(skipped), len(failed)))
+    except KeyboardInterrupt as err:
+        raise Interrupted(report()) from err
+    return report()
+
+
+def _add_plain(txn: Any, signed: list[_Signed], replace: bool) -> tuple[int, int, list[Skipped]]:
+    """Add a batch; returns (new keys added, keys replaced, skipped for existing keys)."""
+    seen: set[Key] = set()
+    items, skipped, replaced = [], [], 0
+    for doc in signed:
+        key = doc.record.key
+        exists = key in seen or key in txn
+        seen.add(key)
+        if exists and not replace:
+            skipped.append(Skipped(key, "key already in the store"))
+            continue
+        replaced += exists
+        items.append((key, doc.signature, doc.record.metadata))
+    if items:
+        txn.add_signatures(items, replace=replace)
+    return len(items) - replaced, replaced, skipped
+
+
+def _add_unique(
+    txn: Any, signed: list[_Signed], threshold: float | None
+) -> tuple[int, list[Skipped]]:
+    """Add each document unless a stored or earlier one near-duplicates it (in order)."""
+    # add_if_unique per item with the precomputed signature is add_many_if_unique
+    # without signing the texts a second time.
+    added, skipped = 0, []
+    for doc in signed:
+        key = doc.record.key
+        if key in txn:
+            skipped.append(Skipped(key, "key already in the store"))
+            continue
+        result = txn.add_if_unique(
+            key, signature=doc.signature, threshold=threshold, metadata=doc.record.metadata
+        )
+        if result.added:
+            added += 1
+        else:
+            skipped.append(Skipped(key, "near-duplicate", tuple(result.matches)))
+    return added, skipped
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidParameterError("batch_size", batch_size, "a positive integer")
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# -- dedup -----------------------------------------------------------------------------------
+
+
+def progress_path(keep_path: str | os.PathLike[str]) -> Path:
+    """The sidecar file where :func:`dedup` records its progress for ``keep_path``."""
+    keep = Path(keep_path)
+    return keep.with_name(keep.name + PROGRESS_SUFFIX)
+
+
+@dataclass
+class _Position:
+    """How far a dedup job got: input position, output sizes and totals."""
+
+    line: int = 0
+    input_offset: int = 0
+    keep_bytes: int = 0
+    dropped_bytes: int = 0
+    batches: int = 0
+    kept: int = 0
+    dropped: int = 0
+    failed: list[list[str]] = field(default_factory=list)
+
+    def copy(self) -> _Position:
+        return _Position(**{**vars(self), "failed": list(self.failed)})
+
+
+def dedup(
+    store: Store,
+    input_jsonl_path: str | os.PathLike[str],
+    keep_path: str | os.PathLike[str],
+    dropped_path: str | os.PathLike[str],
+    *,
+    id_field: str = "id",
+    text_field: str = "text",
+    threshold: float | None = None,
+    batch_size: int = 1000,
+    on_batch: Callable[[BatchProgress], None] | None = None,
+) -> DedupReport:
+    """Stream a JSON-lines archive through the index, keeping the first of each group.
+
+    Each record (in input order) that has no near-duplicate in the store or earlier in
+    the input is added to the store and its original line written to ``keep_path``;
+    every other one is written to ``dropped_path`` as its object plus ``"duplicate_of"``
+    (the best match's key) and ``"score"``. Unusable lines are reported as failures.
+
+    Rerunning with the same arguments after an interruption resumes (see the module
+    docstring); a finished job returns its report without doing anything.
+
+    Raises:
+        Interrupted: on ``KeyboardInterrupt`` (rerun to resume).
+        DedupStateError: the progress file belongs to a different job.
+    """
+    _check_batch_size(batch_size)
+    if threshold is not None:
+        threshold = store._check_threshold(threshold)
+    paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]
+    job = {
+        "input": str(paths[0]),
+        "keep": str(paths[1]),
+        "dropped": str(paths[2]),
+        "store": str(Path(store.path).resolve()),
+        "id_field": id_field,
+        "text_field": text_field,
+        "threshold": threshold,
+    }
+    sidecar = progress_path(keep_path)
+    state = _load_state(sidecar, job)
+    if state is None:
+        at, resumed_from, done = _Position(), None, False
+        for path in paths[1:]:
+            path.open("wb").close()
+    else:
+        at, done = _resolve(store, state), bool(state.get("done"))
+        resumed_from = at.line
+        _truncate(paths[1], at.keep_bytes, sidecar)
+        _truncate(paths[2], at.dropped_bytes, sidecar)
+    run_batches = 0
+
+    def report() -> DedupReport:
+        failures = [Failure(s, r) for s, r in at.failed]
+        return DedupReport(at.kept, at.dropped, failures, resumed_from, at.batches)
+
+    if done:
+        return report()
+    try:
+        with (
+            paths[0].open("rb") as source,
+            paths[1].open("ab") as keep,
+            paths[2].open("ab") as dropped,
+        ):
+            source.seek(at.input_offset)
+            while True:
+                lines = _read_lines(source, batch_size, at.line)
+                if not lines:
+                    break
+                new = _dedup_batch(store, lines, at, keep, dropped, job, sidecar, threshold)
+                _save_state(sidecar, job, new, None, None)
+                at = new
+                run_batches += 1
+                if on_batch is not None:
+                    progress = BatchProgress(
+                        at.batches, at.line, at.kept, at.dropped, len(at.failed), at.input_offset
+                    )
+                    on_batch(progress)
+        _save_state(sidecar, job, at, None, None, done=True)
+    except KeyboardInterrupt as err:
+        raise Interrupted(report()) from err
+    return report()
+
+
+def _read_lines(source: IO[bytes], count: int, line: int) -> list[tuple[int, int, bytes]]:
+    """Up to ``count`` non-blank lines as (line number, offset after it, bytes)."""
+    lines: list[tuple[int, int, bytes]] = []
+    while len(lines) < count:
+        raw = source.readline()
+        if not raw:
+            break
+        line += 1
+        if raw.strip():
+            lines.append((line, source.tell(), raw))
+        elif lines:  # blank lines after the batch's last record are skipped with it
+            lines[-1] = (lines[-1][0], source.tell(), lines[-1][2])
+    return lines
+
+
+def _dedup_batch(
+    store: Store,
+    lines: list[tuple[int, int, bytes]],
+    at: _Position,
+    keep: IO[bytes],
+    dropped: IO[bytes],
+    job: dict[str, Any],
+    sidecar: Path,
+    threshold: float | None,
+) -> _Position:
+    """Decide, write and commit one batch; returns the position after it."""
+    new = at.copy()
+    new.line, new.input_offset = lines[-1][0], lines[-1][1]
+    new.batches += 1
+    parsed: dict[int, tuple[bytes, dict[str, Any]]] = {}
+    records: list[Record] = []
+    name = Path(job["input"]).name
+    for number, _, raw in lines:
+        item = parse_line(raw, f"{name}:{number}", job["id_field"], job["text_field"])
+        if isinstance(item, Failure):
+            new.failed.append([item.source, item.reason])
+            continue
+        record, obj = item
+        parsed[id(record)] = (raw, obj)
+        records.append(record)
+    signed, bad = _sign(store, records)
+    new.failed.extend([f.source, f.reason] for f in bad)
+    keep_out: list[bytes] = []
+    dropped_out: list[bytes] = []
+    probe: Key | None = None
+    with store.write() as txn:
+        for doc in signed:
+            key = doc.record.key
+            raw, obj = parsed[id(doc.record)]
+            if key in txn:
+                new.failed.append([doc.record.source, f"key {key!r} is already in the store"])
+                continue
+            result = txn.add_if_unique(key, signature=doc.signature, threshold=threshold)
+            if result.added:
+                probe = key if probe is None else probe
+                keep_out.append(raw.rstrip(b"\r\n") + b"\n")
+                new.kept += 1
+            else:
+                best = result.matches[0]
+                out = {**obj, "duplicate_of": best.key, "score": round(best.score, 6)}
+                dropped_out.append(json.dumps(out, ensure_ascii=False).encode() + b"\n")
+                new.dropped += 1
+        new.keep_bytes += _write_synced(keep, keep_out)
+        new.dropped_bytes += _write_synced(dropped, dropped_out)
+        _save_state(sidecar, job, at, new, probe)
+    return new
+
+
+def _write_synced(out: IO[bytes], chunks: list[bytes]) -> int:
+    data = b"".join(chunks)
+    out.write(data)
+    out.flush()
+    os.fsync(out.fileno())
+    return len(data)
+
+
+def _save_state(
+    sidecar: Path,
+    job: dict[str, Any],
+    committed: _Position,
+    pending: _Position | None,
+    probe: Key | None,
+    done: bool = False,
+) -> None:
+    """Replace the sidecar atomically (write, fsync, rename, fsync the directory)."""
+    state = {
+        "version": _STATE_VERSION,
+        "job": job,
+        "committed": vars(committed),
+        "pending": None if pending is None else vars(pending),
+        "probe_key": probe,
+        "done": done,
+    }
+    temporary = sidecar.with_name(sidecar.name + ".tmp")
+    with temporary.open("w", encoding="utf-8") as out:
+        json.dump(state, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, sidecar)
+    directory = os.open(sidecar.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _load_state(sidecar: Path, job: dict[str, Any]) -> dict[str, Any] | None:
+    if not sidecar.exists():
+        return None
+    try:
+        state = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DedupStateError(str(sidecar), f"unreadable progress file ({err})") from None
+    if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+        raise DedupStateError(str(sidecar), "not a progress file of this version")
+    if state.get("job") != job:
+        differs = sorted(k for k in job if state["job"].get(k) != job[k])
+        raise DedupStateError(
+            str(sidecar), f"it records a different job (differs in {', '.join(differs)})"
+        )
+    return state
+
+
+def _resolve(store: Store, state: dict[str, Any]) -> _Position:
+    """The position to resume from: a pending batch counts if the store committed it."""
+    committed = _Position(**state["committed"])
+    pending = state.get("pending")
+    if pending is None:
+        return committed
+    probe = state.get("probe_key")
+    if probe is None or probe in store:
+        return _Position(**pending)
+    return committed
+
+
+def _truncate(path: Path, size: int, sidecar: Path) -> None:
+    """Cut an output back to its recorded size (it may hold an uncommitted batch)."""
+    try:
+        actual = path.stat().st_size
+    except FileNotFoundError:
+        actual = -1
+    if actual < size:
+        raise DedupStateError(
+            str(sidecar), f"{path} is shorter than recorded ({max(actual, 0)} < {size} bytes)"
+        )
+    os.truncate(path, size)

@@ -1,0 +1,382 @@
+"""Input readers, batched ingest and resumable dedup, on real stores under tmp_path."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neardup_store import Store
+from neardup_store import ingest as ingest_module
+from neardup_store.demo import make_corpus
+from neardup_store.errors import InvalidParameterError
+from neardup_store.ingest import (
+    BatchProgress,
+    DedupStateError,
+    Failure,
+    Interrupted,
+    Record,
+    dedup,
+    ingest,
+    progress_path,
+    read_inputs,
+)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Store]:
+    with Store.open(store_path, create=True, threshold=0.7) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def archive_lines() -> list[str]:
+    """The demo corpus (12 planted groups) as JSON lines, in key order, with metadata."""
+    corpus = make_corpus(120, 12, seed=1)
+    return [
+        json.dumps({"id": key, "text": text, "n": i})
+        for i, (key, text) in enumerate(corpus.documents.items())
+    ]
+
+
+@pytest.fixture
+def archive(tmp_path: Path, archive_lines: list[str]) -> Path:
+    path = tmp_path / "archive.jsonl"
+    path.write_text("\n".join(archive_lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _split(items: list[Record | Failure]) -> tuple[list[Record], list[Failure]]:
+    return (
+        [i for i in items if isinstance(i, Record)],
+        [i for i in items if isinstance(i, Failure)],
+    )
+
+
+# -- readers ---------------------------------------------------------------------------------
+
+
+def test_plain_file_is_one_record_keyed_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text("héllo world", encoding="utf-8")
+    assert list(read_inputs([path])) == [Record(str(path), "héllo world", None, str(path))]
+
+
+def test_invalid_utf8_file_is_a_failure_not_an_exception(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok \xff\xfe not utf-8")
+    good = tmp_path / "good.txt"
+    good.write_text("fine", encoding="utf-8")
+    records, failures = _split(list(read_inputs([bad, good])))
+    assert [r.key for r in records] == [str(good)]
+    assert [f.source for f in failures] == [str(bad)]
+    assert "not valid utf-8 at byte 3" in failures[0].reason
+
+
+def test_other_encoding_is_honoured(tmp_path: Path) -> None:
+    path = tmp_path / "latin.txt"
+    path.write_bytes("café".encode("latin-1"))
+    (record,) = read_inputs([path], encoding="latin-1")
+    assert isinstance(record, Record) and record.text == "café"
+
+
+def test_missing_path_is_a_failure(tmp_path: Path) -> None:
+    assert list(read_inputs([tmp_path / "nope"])) == [
+        Failure(str(tmp_path / "nope"), "no such file or directory")
+    ]
+
+
+def test_directory_is_walked_recursively_sorted_and_filtered(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    for name in ["b.txt", "a.txt", "skip.md", "sub/c.txt", "sub/deeper/d.md", "sub/e.log"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name, encoding="utf-8")
+    keys = [r.key for r in read_inputs([root], include=["*.txt", "sub/deeper/*"])]
+    assert keys == [str(root / n) for n in ["a.txt", "b.txt", "sub/c.txt", "sub/deeper/d.md"]]
+    assert len(list(read_inputs([root]))) == 6
+
+
+def test_jsonl_fields_and_metadata(tmp_path: Path) -> None:
+    path = _write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"doc": "a", "body": "text a", "lang": "en"}, {"doc": 7, "body": "text b"}],
+    )
+    records = list(read_inputs([path], jsonl=True, id_field="doc", text_field="body"))
+    assert records == [
+        Record("a", "text a", {"lang": "en"}, f"{path}:1"),
+        Record("7", "text b", None, f"{path}:2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b'{"id": "x", "text": ', "malformed JSON"),
+        (b'["id", "text"]', "expected a JSON object, got list"),
+        (b'{"text": "no id"}', "missing field 'id'"),
+        (b'{"id": "x"}', "missing field 'text'"),
+        (b'{"id": "x", "text": 5}', "field 'text' must be a string, not a number"),
+        (b'{"id": null, "text": "t"}', "field 'id' must be a string or integer"),
+        (b'{"id": "x", "text": "\xff"}', "not valid utf-8"),
+    ],
+)
+def test_bad_jsonl_line_is_a_failure_with_its_line_number(
+    tmp_path: Path, line: bytes, reason: str
+) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"id": "ok", "text": "fine"}\n\n' + line + b"\n")
+    records, failures = _split(list(read_inputs([path], jsonl=True)))
+    assert [r.key for r in records] == ["ok"]
+    assert len(failures) == 1 and failures[0].source == f"{path}:3"
+    assert reason in failures[0].reason
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_stdin(monkeypatch: pytest.MonkeyPatch, jsonl: bool) -> None:
+    data = b'{"id": "s1", "text": "from stdin"}\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    (record,) = read_inputs(["-"], jsonl=jsonl)
+    assert isinstance(record, Record)
+    if jsonl:
+        assert (record.key, record.text) == ("s1", "from stdin")
+    else:
+        assert (record.key, record.text) == ("-", data.decode())
+
+
+# -- ingest ----------------------------------------------------------------------------------
+
+
+def test_ingest_counts_added_replaced_skipped_failed(
+    store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    first = ingest(store, list(near_dup_corpus.items())[:3], batch_size=2)
+    assert (first.added, first.replaced, first.batches_committed) == (3, 0, 2)
+    items: list[Any] = [
+        ("storm-a", near_dup_corpus["storm-a"]),  # exists: skipped
+        ("recipe-b", near_dup_corpus["recipe-b"], {"n": 1}),
+        ("recipe-b", near_dup_corpus["recipe-b"]),  # repeated within the batch
+        ("", "empty key"),
+        ("blank", "   "),
+        ("meta", "bad metadata", {"x": object()}),
+        Failure("f.txt", "not valid utf-8"),
+    ]
+    report = ingest(store, items, batch_size=100)
+    assert (report.added, report.replaced, report.batches_committed) == (1, 0, 1)
+    assert [(s.key, s.reason) for s in report.skipped] == [
+        ("storm-a", "key already in the store"),
+        ("recipe-b", "key already in the store"),
+    ]
+    assert [f.source for f in report.failed] == ["f.txt", "", "meta", "blank"]
+    assert store.get("recipe-b").metadata == {"n": 1}
+    assert len(store) == 4
+
+    again = ingest(store, [("storm-a", "new text for storm a"), ("new", "x y z")], replace=True)
+    assert (again.added, again.replaced, again.skipped) == (1, 1, [])
+    assert store.query("new text for storm a")[0].key == "storm-a"
+
+
+def test_ingest_reads_files(store: Store, tmp_path: Path) -> None:
+    for name in ["a.txt", "b.txt"]:
+        (tmp_path / name).write_text(f"contents of {name} " * 5, encoding="utf-8")
+    (tmp_path / "c.txt").write_bytes(b"\xff")
+    report = ingest(store, read_inputs([tmp_path], include=["*.txt"]))
+    assert report.added == 2 and [f.source for f in report.failed] == [str(tmp_path / "c.txt")]
+
+
+def test_unique_skips_near_duplicates_in_store_and_in_input(
+    store: Store, near_dup_corpus: dict[str, str]
+) -> None:
+    store.add("storm-a", near_dup_corpus["storm-a"])
+    items = [
+        ("storm-b", near_dup_corpus["storm-b"]),  # duplicates the stored storm-a
+        ("recipe-a", near_dup_corpus["recipe-a"]),
+        ("unrelated", near_dup_corpus["unrelated"]),
+        ("recipe-b", near_dup_corpus["recipe-b"]),  # duplicates recipe-a, earlier in the input
+        ("storm-a", "a different text under a taken key, long enough to shingle"),
+    ]
+    report = ingest(store, items, unique=True, batch_size=2)
+    assert report.added == 2
+    assert [(s.key, s.reason, s.matching_keys) for s in report.skipped] == [
+        ("storm-b", "near-duplicate", ["storm-a"]),
+        ("recipe-b", "near-duplicate", ["recipe-a"]),
+        ("storm-a", "key already in the store", []),
+    ]
+    assert sorted(store) == ["recipe-a", "storm-a", "unrelated"]
+
+
+def test_unique_with_replace_is_refused(store: Store) -> None:
+    with pytest.raises(InvalidParameterError, match="replace"):
+        ingest(store, [], unique=True, replace=True)
+
+
+def test_interrupt_after_batch_two_leaves_two_batches(store: Store) -> None:
+    items = [(f"k{i}", f"document number {i} with some words") for i in range(50)]
+    seen: list[BatchProgress] = []
+
+    def stop_after_two(progress: BatchProgress) -> None:
+        seen.append(progress)
+        if progress.batches_committed == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted) as caught:
+        ingest(store, items, batch_size=10, on_batch=stop_after_two)
+    assert caught.value.batches_committed == 2 == caught.value.report.batches_committed
+    assert caught.value.report.added == 20
+    assert str(caught.value) == "interrupted: 2 batches committed, nothing half-applied"
+    assert isinstance(caught.value, KeyboardInterrupt)
+    assert sorted(store, key=lambda k: int(str(k)[1:])) == [f"k{i}" for i in range(20)]
+    assert [p.records for p in seen] == [10, 20]
+
+
+def test_interrupt_inside_a_batch_commits_nothing_of_it(store: Store) -> None:
+    def items() -> Iterator[tuple[str, str]]:
+        for i in range(25):
+            if i == 15:
+                raise KeyboardInterrupt
+            yield (f"k{i}", f"document number {i} with some words")
+
+    with pytest.raises(Interrupted) as caught:
+        ingest(store, items(), batch_size=10)
+    assert caught.value.batches_committed == 1 and len(store) == 10
+
+
+# -- dedup -----------------------------------------------------------------------------------
+
+
+def _dedup(store: Store, archive: Path, out: Path, **options: Any) -> Any:
+    return dedup(store, archive, out / "keep.jsonl", out / "dropped.jsonl", **options)
+
+
+def test_dedup_keeps_first_of_each_planted_group(store: Store, archive: Path) -> None:
+    corpus = make_corpus(120, 12, seed=1)
+    out = archive.parent
+    report = _dedup(store, archive, out, batch_size=25)
+    kept = (out / "keep.jsonl").read_text(encoding="utf-8").splitlines()
+    dropped = [json.loads(line) for line in (out / "dropped.jsonl").read_text().splitlines()]
+    assert (report.kept, report.dropped, report.failed, report.resumed_from) == (
+        len(kept),
+        len(dropped),
+        [],
+        None,
+    )
+    assert report.kept + report.dropped == 120 and report.batches_committed == 5
+    group_of = {key: i for i, group in enumerate(corpus.planted) for key in group}
+    for row in dropped:
+        assert group_of[row["id"]] == group_of[row["duplicate_of"]]
+        assert row["duplicate_of"] < row["id"]  # the input is in key order: first one wins
+        assert 0.7 <= row["score"] <= 1.0 and "n" in row
+    copies = sum(len(group) - 1 for group in corpus.planted)
+    assert copies - 2 <= len(dropped) <= copies
+    kept_ids = [json.loads(line)["id"] for line in kept]
+    assert all(group[0] in kept_ids for group in corpus.planted)
+    assert len(store) == report.kept
+    # A finished job is not redone.
+    assert _dedup(store, archive, out, batch_size=25).kept == report.kept
+
+
+def test_dedup_resumes_to_the_same_outputs(
+    tmp_path: Path, archive: Path, archive_lines: list[str]
+) -> None:
+    # Failures and blank lines must survive the resume too.
+    archive.write_text(
+        "\n".join([*archive_lines[:30], "", "{not json", *archive_lines[30:]]) + "\n"
+    )
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
+        expected = _dedup(fresh, archive, reference, batch_size=16)
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+
+    def stop_at_four(progress: BatchProgress) -> None:
+        if progress.batches_committed == 4:
+            raise KeyboardInterrupt
+
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        with pytest.raises(Interrupted) as caught:
+            _dedup(store, archive, resumed, batch_size=16, on_batch=stop_at_four)
+        assert caught.value.batches_committed == 4
+        # Leftovers of an uncommitted batch are cut off on resume.
+        with (resumed / "keep.jsonl").open("ab") as keep:
+            keep.write(b'{"half": "written"}\n')
+        report = _dedup(store, archive, resumed, batch_size=16)
+    assert report.resumed_from is not None and report.resumed_from > 0
+    assert (report.kept, report.dropped, report.failed) == (
+        expected.kept,
+        expected.dropped,
+        expected.failed,
+    )
+    assert len(expected.failed) == 1 and "malformed JSON" in expected.failed[0].reason
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (resumed / name).read_bytes() == (reference / name).read_bytes()
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_dedup_interrupted_around_the_commit_resumes_exactly(
+    tmp_path: Path, archive: Path, monkeypatch: pytest.MonkeyPatch, committed: bool
+) -> None:
+    """Ctrl-C after the sidecar marks batch 2 pending: before the store commits it
+    (``committed=False``) or after (``True``). The probe key decides; outputs match."""
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
+        _dedup(fresh, archive, reference, batch_size=40)
+
+    real_save = ingest_module._save_state
+    calls: list[bool] = []
+
+    def interrupting_save(*args: Any, **kwargs: Any) -> None:
+        pending = args[3] is not None
+        calls.append(pending)
+        if committed and not pending and len(calls) == 4:  # batch 2's "committed" save
+            raise KeyboardInterrupt
+        real_save(*args, **kwargs)
+        if not committed and pending and len(calls) == 3:  # batch 2 pending, inside its txn
+            raise KeyboardInterrupt
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        monkeypatch.setattr(ingest_module, "_save_state", interrupting_save)
+        with pytest.raises(Interrupted):
+            _dedup(store, archive, out, batch_size=40)
+        monkeypatch.setattr(ingest_module, "_save_state", real_save)
+        assert len(store) == (
+            _expected_kept_after(reference, archive, 80)
+            if committed
+            else _expected_kept_after(reference, archive, 40)
+        )
+        state = json.loads(progress_path(out / "keep.jsonl").read_text())
+        assert state["pending"] is not None and state["probe_key"] is not None
+        _dedup(store, archive, out, batch_size=40)
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+
+
+def _expected_kept_after(reference: Path, archive: Path, lines: int) -> int:
+    """How many of the first ``lines`` archive records the reference run kept."""
+    first = {json.loads(x)["id"] for x in archive.read_text().splitlines()[:lines]}
+    return sum(json.loads(x)["id"] in first for x in (reference / "keep.jsonl").open())
+
+
+def test_dedup_refuses_progress_of_another_job(store: Store, archive: Path) -> None:
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=60)
+    with pytest.raises(DedupStateError, match="differs in text_field"):
+        _dedup(store, archive, out, text_field="body")
