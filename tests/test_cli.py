@@ -607,3 +607,47 @@ def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -
         assert len(opened) == 100 * batches  # whole batches only
         assert list(opened)[-1] == f"d{100 * batches - 1:06d}"
         assert opened.check().ok
+
+
+def test_every_store_command_through_a_real_subprocess(
+    tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """The installed entry point, command by command, with the exit codes users script on."""
+    store, archive = tmp_path / "s.ndx", _archive(tmp_path / "a.jsonl", near_dup_corpus)
+
+    def run(*args: object, expect: int = 0) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "neardup_store", *map(str, args)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == expect, (args, done.stderr)
+        return done.stdout
+
+    run("params", "--threshold", 0.5, "--num-perm", 64, "--json")
+    run("init", store, "--threshold", 0.5, "--num-perm", 256, "--bands", 64, "--rows", 4)
+    run("add", store, archive, "--jsonl")
+    assert {len(c["keys"]) for c in _jsonl(run("clusters", store))} == {2}
+    assert len(_jsonl(run("pairs", store))) == 2
+    run("pairs", store, "--fail-on-duplicates", expect=1)
+    run("stats", store, "--json")
+    run("remove", store, "unrelated")
+    run("remove", store, "unrelated", expect=2)  # no longer there
+    run("rebuild", store, "--bands", 32, "--rows", 8)
+    run("compact", store)
+    run("backup", store, tmp_path / "b.ndx")
+    assert "0 violations" in run("check", tmp_path / "b.ndx")
+    run(
+        "dedup",
+        archive,
+        "--store",
+        tmp_path / "d.ndx",
+        "--threshold",
+        0.5,
+        "--keep",
+        tmp_path / "k.jsonl",
+        "--dropped",
+        tmp_path / "x.jsonl",
+    )
+    assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 2
+    run("query", tmp_path / "missing.ndx", "--text", "x", expect=2)
