@@ -9,6 +9,7 @@ aligned table for people, ``--json`` (JSON lines) for programs. Exit codes: 0 su
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -83,6 +84,28 @@ def _show_progress() -> bool:
     ctx = click.get_current_context()
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
     return not quiet and sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def _doc_progress(label: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    """A callback ``done -> None`` drawing progress on a terminal: a bar when the total
+    is known, else a running count. Silent off a terminal or under --quiet."""
+    if not _show_progress():
+        yield lambda done: None
+        return
+    if total:
+        with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+            shown = 0
+
+            def advance(done: int) -> None:
+                nonlocal shown
+                bar.update(max(0, min(done, total) - shown))
+                shown = max(shown, min(done, total))
+
+            yield advance
+        return
+    yield lambda done: click.echo(f"\r{label}: {done} documents", nl=False, err=True)
+    click.echo(err=True)
 
 
 def open_store(path: str, readonly: bool) -> Store:
@@ -810,6 +833,9 @@ def compact(path: str, dry_run: bool, as_json: bool) -> None:
         neardup-admin compact ./corpus.ndx --dry-run
     """
     with open_store(path, readonly=dry_run) as store:
+        if not dry_run and _show_progress():  # one LMDB copy: no finer progress to show
+            size = (Path(path) / "data.mdb").stat().st_size
+            click.echo(f"Compacting {size / 1e6:.1f} MB ...", err=True)
         report = store.compact(dry_run)
     render.render_compact(report, as_json)
 
@@ -832,8 +858,11 @@ def rebuild(
     """
     if threshold is None and bands is None and rows is None:
         raise click.UsageError("give --threshold, or --bands and --rows")
-    with open_store(path, readonly=False) as store:
-        report = store.rebuild(threshold, bands, rows)
+    with (
+        open_store(path, readonly=False) as store,
+        _doc_progress("Re-banding", len(store)) as progress,
+    ):
+        report = store.rebuild(threshold, bands, rows, progress)
     render.render_rebuild(report, as_json)
 
 
@@ -849,8 +878,11 @@ def export(path: str, out: IO[bytes], as_json: bool) -> None:
         neardup-admin export ./corpus.ndx corpus.export
         neardup-admin export ./corpus.ndx - | gzip > corpus.export.gz
     """
-    with open_store(path, readonly=True) as store:
-        count = store.export(out)
+    with (
+        open_store(path, readonly=True) as store,
+        _doc_progress("Exporting", len(store)) as progress,
+    ):
+        count = store.export(out, progress)
     out.flush()
     message = {"exported": count}
     if as_json:  # stdout may be the export itself: the summary goes to stderr then
@@ -887,11 +919,15 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
     try:
         store = Store.open(path)
     except StoreNotFoundError:
-        with Store.create_from_export(path, source) as created:
+        with (
+            _doc_progress("Importing") as progress,
+            Store.create_from_export(path, source, progress=progress) as created,
+        ):
             count, created_new = len(created), True
     else:
-        with store:
-            count, created_new = store.import_(source, replace=replace), False
+        with store, _doc_progress("Importing") as progress:
+            count = store.import_(source, replace=replace, progress=progress)
+            created_new = False
     if as_json:
         render.json_line({"imported": count, "created": created_new, "path": path})
     else:

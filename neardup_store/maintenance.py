@@ -531,7 +531,13 @@ def _resolve_banding(
     return banding, threshold
 
 
-def _rebanding(store: Store, banding: LSHParams, threshold: float, generation: int) -> Any:
+def _rebanding(
+    store: Store,
+    banding: LSHParams,
+    threshold: float,
+    generation: int,
+    progress: Callable[[int], None] | None = None,
+) -> Any:
     """The write operation of :func:`rebuild`, re-runnable after the map grows."""
 
     def run(writer: WriteTxn) -> int:
@@ -553,6 +559,8 @@ def _rebanding(store: Store, banding: LSHParams, threshold: float, generation: i
             sigs = np.stack([codec.decode_signature(rec, codec.decode_id(i)) for i, rec in batch])
             _fill_bands(txn, new_dbs, ids, sigs, banding, store.config.seed)
             count += len(batch)
+            if progress is not None:
+                progress(count)
         value = dict(bands=banding.bands, rows=banding.rows, threshold=threshold)
         txn.put(b"banding", codec.pack_meta({**value, "generation": generation}), db=store._meta_db)
         return count
@@ -565,6 +573,7 @@ def rebuild(
     threshold: float | None = None,
     bands: int | None = None,
     rows: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> RebuildReport:
     """Re-band the store from its stored signatures (no source texts needed).
 
@@ -578,6 +587,7 @@ def rebuild(
         threshold: the new threshold (default: keep the current one).
         bands / rows: the new banding, both or neither (default: :func:`choose_params`
             for the threshold and num_perm).
+        progress: called with the number of documents re-banded so far.
 
     Raises:
         ReadOnlyError: the store is open read-only.
@@ -602,7 +612,7 @@ def rebuild(
         # The env allows 2 * bands + 8 named tables; the new ones reuse the old ones' slots.
         if banding.bands + 3 > _max_dbs(old.banding.bands):
             _reopen(store, _max_dbs(banding.bands))
-        operation = _rebanding(store, banding, threshold, generation)
+        operation = _rebanding(store, banding, threshold, generation, progress)
         try:
             with store.write() as writer:
                 count = int(writer._run(operation, writer))

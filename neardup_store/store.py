@@ -28,7 +28,7 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -629,18 +629,22 @@ class Store:
         return maintenance.compact(self, dry_run)
 
     def rebuild(
-        self, threshold: float | None = None, bands: int | None = None, rows: int | None = None
+        self,
+        threshold: float | None = None,
+        bands: int | None = None,
+        rows: int | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> maintenance.RebuildReport:
         """See :func:`maintenance.rebuild`."""
         from . import maintenance
 
-        return maintenance.rebuild(self, threshold, bands, rows)
+        return maintenance.rebuild(self, threshold, bands, rows, progress)
 
-    def export(self, stream: IO[bytes]) -> int:
+    def export(self, stream: IO[bytes], progress: Callable[[int], None] | None = None) -> int:
         """See :func:`maintenance.export`."""
         from . import maintenance
 
-        return maintenance.export(self, stream)
+        return maintenance.export(self, stream, progress)
 
     def import_(self, stream: IO[bytes], **options: Any) -> int:
         """See :func:`maintenance.import_`."""

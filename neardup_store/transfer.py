@@ -13,7 +13,7 @@ a silent early end.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -32,10 +32,13 @@ if TYPE_CHECKING:
     from .store import Store
     from .txn import Key
 
+PROGRESS_EVERY = 1000
+"""Documents between two progress calls of :func:`export`."""
+
 _Record = tuple["Key", npt.NDArray[np.uint32], Any]
 
 
-def export(store: Store, stream: IO[bytes]) -> int:
+def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | None = None) -> int:
     """Write every document (key, signature, metadata) to a binary stream, in id order.
 
     The export is one snapshot: documents committed while it runs are not in it.
@@ -56,6 +59,10 @@ def export(store: Store, stream: IO[bytes]) -> int:
                 record = codec.decode_record(value, codec.decode_id(raw_id))
                 stream.write(codec.export_record(record))
                 count += 1
+                if progress is not None and count % PROGRESS_EVERY == 0:
+                    progress(count)
+    if progress is not None:
+        progress(count)
     return count
 
 
@@ -170,7 +177,13 @@ def _check_config(store: Store, header: dict[str, Any]) -> None:
         )
 
 
-def _import_records(store: Store, reader: _ExportReader, batch_size: int, replace: bool) -> int:
+def _import_records(
+    store: Store,
+    reader: _ExportReader,
+    batch_size: int,
+    replace: bool,
+    progress: Callable[[int], None] | None = None,
+) -> int:
     total = 0
     records = reader.records(store.config.num_perm)
     while True:
@@ -183,6 +196,8 @@ def _import_records(store: Store, reader: _ExportReader, batch_size: int, replac
             return total
         with store.write() as txn:
             total += txn.add_signatures(batch, replace=replace)
+        if progress is not None:
+            progress(total)
 
 
 def _check_batch_size(batch_size: object) -> int:
@@ -192,7 +207,12 @@ def _check_batch_size(batch_size: object) -> int:
 
 
 def import_(
-    store: Store, stream: IO[bytes], *, batch_size: int = 10_000, replace: bool = False
+    store: Store,
+    stream: IO[bytes],
+    *,
+    batch_size: int = 10_000,
+    replace: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> int:
     """Add every document of an export stream (see :func:`export`) to the store.
 
@@ -215,11 +235,16 @@ def import_(
     batch_size = _check_batch_size(batch_size)
     reader = _ExportReader(stream)
     _check_config(store, reader.header())
-    return _import_records(store, reader, batch_size, replace)
+    return _import_records(store, reader, batch_size, replace, progress)
 
 
 def create_from_export(
-    path: str | os.PathLike[str], stream: IO[bytes], *, batch_size: int = 10_000, **options: Any
+    path: str | os.PathLike[str],
+    stream: IO[bytes],
+    *,
+    batch_size: int = 10_000,
+    progress: Callable[[int], None] | None = None,
+    **options: Any,
 ) -> Store:
     """Create a store at ``path`` with the configuration and banding of an export, and
     import the export into it.
@@ -262,7 +287,7 @@ def create_from_export(
         **options,
     )
     try:
-        _import_records(store, reader, batch_size, replace=False)
+        _import_records(store, reader, batch_size, False, progress)
     except BaseException:
         store.close()
         raise

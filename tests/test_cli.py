@@ -651,3 +651,44 @@ def test_every_store_command_through_a_real_subprocess(
     )
     assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 2
     run("query", tmp_path / "missing.ndx", "--text", "x", expect=2)
+
+
+def test_progress_is_drawn_on_a_terminal_only(tmp_path: Path) -> None:
+    """Long commands draw progress on stderr when it is a terminal (a real pty here), and
+    stay silent when it is not (every other test)."""
+    import os
+    import pty
+
+    store = tmp_path / "s.ndx"
+    with Store.open(store, create=True, num_perm=32) as opened:
+        opened.add_many((f"k{i}", f"document number {i} " * 5) for i in range(2500))
+
+    def stderr_on_a_terminal(*args: object) -> str:
+        leader, follower = pty.openpty()
+        done = subprocess.run(
+            [sys.executable, "-m", "neardup_store", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            timeout=120,
+        )
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert done.returncode == 0
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    assert "Exporting" in stderr_on_a_terminal("export", store, tmp_path / "e.export")
+    assert "Re-banding" in stderr_on_a_terminal("rebuild", store, "--bands", 4, "--rows", 8)
+    assert "Importing: 2500 documents" in stderr_on_a_terminal(
+        "import", tmp_path / "e.export", tmp_path / "copy.ndx"
+    )
+    assert "Compacting" in stderr_on_a_terminal("compact", store)
+    assert "Exporting" not in stderr_on_a_terminal("-q", "export", store, tmp_path / "f.export")
