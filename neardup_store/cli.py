@@ -43,7 +43,22 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except NeardupError as err:
-            raise InputError(str(err)) from err
+            raise InputError(_cli_wording(str(err))) from err
+
+
+# Library messages name Python arguments; on the command line the same advice is a flag.
+_CLI_WORDING = {
+    "pass create=True": "run `neardup-admin init`",
+    "with create=True": "with `neardup-admin init`",
+    "pass replace=True": "pass --replace",
+    "pass missing_ok=True": "pass --missing-ok",
+}
+
+
+def _cli_wording(message: str) -> str:
+    for library, command_line in _CLI_WORDING.items():
+        message = message.replace(library, command_line)
+    return message
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

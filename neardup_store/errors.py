@@ -79,10 +79,7 @@ class StoreNotFoundError(NeardupError, FileNotFoundError):
     """No store at the path (and ``create`` was not asked for)."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(
-            f"{path}: no store here; pass create=True (or run `neardup-admin init {path}`) "
-            "to make one"
-        )
+        super().__init__(f"{path}: no store here; pass create=True to make one")
         self.path = path
 
 

@@ -367,35 +367,64 @@ def ingest(
     def report() -> IngestReport:
         return IngestReport(added, replaced, skipped, failed, batches)
 
+    def count(batch: _Batch) -> None:
+        nonlocal added, replaced, batches, seen
+        added, replaced, batches = added + batch.added, replaced + batch.replaced, batches + 1
+        skipped.extend(batch.skipped)
+        failed.extend(batch.failed)
+        seen += batch.records
+
+    pending: _Batch | None = None
     try:
         for chunk in _chunks(records, batch_size):
             items = [_as_record(item) for item in chunk]
             signed, bad = _sign(store, [r for r in items if isinstance(r, Record)])
+            failures = [r for r in items if isinstance(r, Failure)] + bad
             with store.write() as txn:
                 if unique:
-                    n_added, batch_skipped = _add_unique(txn, signed, threshold)
+                    n_added, batch_skipped, probe = _add_unique(txn, signed, threshold)
                     n_replaced = 0
                 else:
-                    n_added, n_replaced, batch_skipped = _add_plain(txn, signed, replace)
-            # Committed: only now does the batch count.
-            added, replaced, batches = added + n_added, replaced + n_replaced, batches + 1
-            skipped.extend(batch_skipped)
-            failed.extend([r for r in items if isinstance(r, Failure)] + bad)
-            seen += len(chunk)
+                    n_added, n_replaced, batch_skipped, probe = _add_plain(txn, signed, replace)
+                pending = _Batch(n_added, n_replaced, batch_skipped, failures, len(chunk), probe)
+            count(pending)  # committed: only now does the batch count
+            pending = None
             if on_batch is not None:
                 on_batch(BatchProgress(batches, seen, added, len(skipped), len(failed)))
     except KeyboardInterrupt as err:
+        # Ctrl-C may land between the commit and the count: a key the batch added
+        # tells whether its commit happened.
+        if pending is not None and pending.probe is not None and pending.probe in store:
+            count(pending)
         raise Interrupted(report()) from err
     return report()
 
 
-def _add_plain(txn: Any, signed: list[_Signed], replace: bool) -> tuple[int, int, list[Skipped]]:
-    """Add a batch; returns (new keys added, keys replaced, skipped for existing keys)."""
+@dataclass(frozen=True)
+class _Batch:
+    """A batch's outcome, counted once its transaction has committed."""
+
+    added: int
+    replaced: int
+    skipped: list[Skipped]
+    failed: list[Failure]
+    records: int
+    probe: Key | None  # a key the batch added anew, to test whether it committed
+
+
+def _add_plain(
+    txn: Any, signed: list[_Signed], replace: bool
+) -> tuple[int, int, list[Skipped], Key | None]:
+    """Add a batch; returns (new keys added, keys replaced, skipped for existing keys, the
+    first new key)."""
     seen: set[Key] = set()
+    existing: set[Key] = set()
     items, skipped, replaced = [], [], 0
     for doc in signed:
         key = doc.record.key
         exists = key in seen or key in txn
+        if exists:
+            existing.add(key)
         seen.add(key)
         if exists and not replace:
             skipped.append(Skipped(key, "key already in the store"))
@@ -404,16 +433,17 @@ def _add_plain(txn: Any, signed: list[_Signed], replace: bool) -> tuple[int, int
         items.append((key, doc.signature, doc.record.metadata))
     if items:
         txn.add_signatures(items, replace=replace)
-    return len(items) - replaced, replaced, skipped
+    probe = next((key for key, _, _ in items if key not in existing), None)
+    return len(items) - replaced, replaced, skipped, probe
 
 
 def _add_unique(
     txn: Any, signed: list[_Signed], threshold: float | None
-) -> tuple[int, list[Skipped]]:
+) -> tuple[int, list[Skipped], Key | None]:
     """Add each document unless a stored or earlier one near-duplicates it (in order)."""
     # add_if_unique per item with the precomputed signature is add_many_if_unique
     # without signing the texts a second time.
-    added, skipped = 0, []
+    added, skipped, probe = 0, [], None
     for doc in signed:
         key = doc.record.key
         if key in txn:
@@ -424,9 +454,10 @@ def _add_unique(
         )
         if result.added:
             added += 1
+            probe = key if probe is None else probe
         else:
             skipped.append(Skipped(key, "near-duplicate", tuple(result.matches)))
-    return added, skipped
+    return added, skipped, probe
 
 
 def _check_batch_size(batch_size: int) -> None:

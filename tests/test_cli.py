@@ -289,10 +289,7 @@ def test_a_missing_store_is_one_error_line(
     name, *rest = command
     result = _run(runner, name, empty, *rest)
     assert result.exit_code == 2
-    assert result.output == (
-        f"Error: {empty}: no store here; pass create=True (or run `neardup-admin init "
-        f"{empty}`) to make one\n"
-    )
+    assert result.output == f"Error: {empty}: no store here; run `neardup-admin init` to make one\n"
     gone = _run(runner, name, tmp_path / "gone", *rest)
     assert (
         gone.exit_code == 2 and "does not exist" in gone.output and "Traceback" not in gone.output
