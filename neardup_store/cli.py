@@ -310,7 +310,10 @@ def params(
         neardup-admin params --threshold 0.5 --num-perm 256 --fn-weight 0.8 --png curve.png
     """
     if png is not None and importlib.util.find_spec("matplotlib") is None:
-        raise InputError("--png needs matplotlib, which is not installed: pip install matplotlib")
+        raise InputError(
+            "--png needs matplotlib, which is not installed: "
+            "pip install 'neardup_store[plot]' (or matplotlib)"
+        )
     banding = choose_params(threshold, num_perm, fp_weight, fn_weight, use_all)
     summary = render.banding_summary(banding, threshold)
     grid = [round(i * 0.05, 2) for i in range(21)]

@@ -194,7 +194,8 @@ def test_params_png_without_matplotlib_says_how_to_get_it(
     result = _run(runner, "params", "--threshold", "0.8", "--png", tmp_path / "c.png")
     assert result.exit_code == 2
     assert result.output == (
-        "Error: --png needs matplotlib, which is not installed: pip install matplotlib\n"
+        "Error: --png needs matplotlib, which is not installed: "
+        "pip install 'neardup_store[plot]' (or matplotlib)\n"
     )
 
 
@@ -689,3 +690,11 @@ def test_progress_is_drawn_on_a_terminal_only(tmp_path: Path) -> None:
     )
     assert "Compacting" in stderr_on_a_terminal("compact", store)
     assert "Exporting" not in stderr_on_a_terminal("-q", "export", store, tmp_path / "f.export")
+
+
+def test_params_png_draws_the_s_curve(runner: CliRunner, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # the optional `plot` extra
+    png = tmp_path / "curve.png"
+    result = _run(runner, "params", "--threshold", 0.8, "--png", png)
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
