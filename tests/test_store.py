@@ -1186,35 +1186,67 @@ from neardup_store.store import Store
 with Store.open(sys.argv[1]) as store:
     print("opened", flush=True)
     sys.stdin.readline()
+    print("adding", flush=True)
     store.add("contested", "the other process's text for this key")
 """
 
 
-def test_replay_that_diverges_raises_conflict_and_writes_nothing(store_path: Path) -> None:
+def _wait_until_blocked(pid: int, timeout_s: float = 30) -> None:
+    """Wait until the process sleeps on a futex (LMDB's shared mutex) for a moment."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    deadline, steady = time.monotonic() + timeout_s, 0
+    while steady < 3:
+        assert time.monotonic() < deadline, "the other process never blocked"
+        time.sleep(0.05)
+        steady = steady + 1 if wchan.read_text().startswith("futex") else 0
+
+
+def test_replay_that_diverges_raises_conflict_and_writes_nothing(tmp_path: Path) -> None:
     """If another process commits while a transaction is being redone after map growth,
     and that changes an operation's result, the redo is refused instead of changing the
-    meaning of what the caller already saw."""
-    with Store.open(store_path, create=True) as store:
-        other = _python("-c", HOLD_WRITE, str(store_path))
-        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
-        writing = store.write()
-        txn = writing.__enter__()
-        assert txn.add("contested", "this process's text for the key") is False
-        assert other.stdin is not None
-        other.stdin.write("go\n")
-        other.stdin.flush()
-        time.sleep(0.5)  # the other process is now blocked on the write lock
-        with pytest.raises(TransactionConflictError, match="DuplicateKeyError") as info:
-            txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
-        # The with block ends with the error: the store rolls back and lets it propagate.
-        assert writing.__exit__(type(info.value), info.value, None) is False
-        _finish(other)
-        assert list(store) == ["contested"]
-        assert store.get("contested") == Document(
-            "contested",
-            store.hasher.signature("the other process's text for this key"),
-            None,
-        )
+    meaning of what the caller already saw.
+
+    Who takes LMDB's write lock after the abort is up to the scheduler, so each attempt
+    checks the outcome it got (both must be consistent) until the conflict is seen.
+    """
+    ours, theirs = "this process's text for the key", "the other process's text for this key"
+    for attempt in range(10):
+        path = tmp_path / f"store-{attempt}"
+        with Store.open(path, create=True) as store:
+            other = _python("-c", HOLD_WRITE, str(path))
+            assert other.stdout is not None and other.stdout.readline().strip() == "opened"
+            writing = store.write()
+            txn = writing.__enter__()
+            assert txn.add("contested", ours) is False
+            assert other.stdin is not None
+            other.stdin.write("go\n")
+            other.stdin.flush()
+            assert other.stdout.readline().strip() == "adding"
+            _wait_until_blocked(other.pid)  # on LMDB's write lock, which this process holds
+            conflict: TransactionConflictError | None = None
+            try:
+                txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
+            except TransactionConflictError as err:
+                conflict = err
+            if conflict is not None:
+                assert "DuplicateKeyError" in str(conflict)
+                # The with block ends with the error: rolled back, and it propagates.
+                assert writing.__exit__(type(conflict), conflict, None) is False
+                _finish(other)
+                assert list(store) == ["contested"]
+                assert store.get("contested").signature.tolist() == (
+                    store.hasher.signature(theirs).tolist()
+                )
+                return
+            # This process won the lock again: the replay matched, so ours commits and
+            # the other process then finds the key taken.
+            writing.__exit__(None, None, None)
+            _, err = other.communicate(timeout=60)
+            assert other.returncode != 0 and "DuplicateKeyError" in err
+            assert store.get("contested").signature.tolist() == (
+                store.hasher.signature(ours).tolist()
+            )
+    pytest.fail("in 10 attempts the other process never committed during a replay")
 
 
 CREATE = r"""
