@@ -457,16 +457,21 @@ def add(
         "failed": len(result.failed),
         "batches": result.batches_committed,
     }
-    if as_json:
-        click.echo(json.dumps({"summary": summary}))
-    else:
-        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
-        for failure in result.failed[:10]:
-            click.echo(f"  failed: {failure.source}: {failure.reason}")
-        if len(result.failed) > 10:
-            click.echo(f"  ... {len(result.failed) - 10} more failures (see --report)")
+    _print_summary(summary, result.failed, as_json)
     if result.failed:
         sys.exit(1)
+
+
+def _print_summary(summary: dict[str, Any], failed: list[ingest.Failure], as_json: bool) -> None:
+    """One summary line (or JSON object) and the first failures with their reasons."""
+    if as_json:
+        click.echo(json.dumps({"summary": summary}))
+        return
+    click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
+    for failure in failed[:10]:
+        click.echo(f"  failed: {failure.source}: {failure.reason}")
+    if len(failed) > 10:
+        click.echo(f"  ... {len(failed) - 10} more failures (see add --report)")
 
 
 def _plain(key: str | bytes) -> str:
@@ -542,12 +547,7 @@ def dedup(
         "failed": len(result.failed),
         "resumed_from_line": result.resumed_from,
     }
-    if as_json:
-        click.echo(json.dumps({"summary": summary}))
-    else:
-        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
-        for failure in result.failed[:10]:
-            click.echo(f"  failed: {failure.source}: {failure.reason}")
+    _print_summary(summary, result.failed, as_json)
     if fail_on_duplicates and result.dropped:
         sys.exit(1)
 
