@@ -545,13 +545,11 @@ class Store:
         If a batch fails, the batches before it stay committed and the error says so
         through its type; nothing of the failing batch is written.
         """
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise InvalidParameterError("batch_size", batch_size, "a positive integer or None")
-        total = 0
-        for batch in _batches(items, batch_size):
-            with self.write() as txn:
-                total += txn.add_many(batch, replace=replace, encoding=encoding)
-        return total
+        return self._in_batches(
+            items,
+            batch_size,
+            lambda txn, batch: txn.add_many(batch, replace=replace, encoding=encoding),
+        )
 
     def add_signatures(
         self,
@@ -561,12 +559,23 @@ class Store:
         replace: bool = False,
     ) -> int:
         """:meth:`WriteTxn.add_signatures`, committing every ``batch_size`` items."""
+        return self._in_batches(
+            items, batch_size, lambda txn, batch: txn.add_signatures(batch, replace=replace)
+        )
+
+    def _in_batches(
+        self,
+        items: Iterable[Any],
+        batch_size: int | None,
+        add: Callable[[WriteTxn, list[Any]], int],
+    ) -> int:
+        """Run ``add`` on consecutive batches, one write transaction each; sum the counts."""
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise InvalidParameterError("batch_size", batch_size, "a positive integer or None")
         total = 0
         for batch in _batches(items, batch_size):
             with self.write() as txn:
-                total += txn.add_signatures(batch, replace=replace)
+                total += add(txn, batch)
         return total
 
     def remove(self, key: Key, *, missing_ok: bool = False) -> bool:

@@ -528,23 +528,17 @@ def test_add_to_a_missing_store_is_one_error_line(runner: CliRunner, tmp_path: P
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
+def _dedup_args(archive: Path, tmp_path: Path) -> list[object]:
+    """A dedup of ``archive`` into stores and outputs under ``tmp_path``."""
+    return ["dedup", archive, "--store", tmp_path / "d.ndx", "--threshold", 0.5,
+            "--keep", tmp_path / "k.jsonl", "--dropped", tmp_path / "x.jsonl"]  # fmt: skip
+
+
 def test_dedup_keeps_first_of_each_group_and_resumes(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
     archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
-    args = [
-        "dedup",
-        archive,
-        "--store",
-        tmp_path / "d.ndx",
-        "--threshold",
-        0.5,
-        "--keep",
-        tmp_path / "k.jsonl",
-        "--dropped",
-        tmp_path / "x.jsonl",
-        "--json",
-    ]
+    args = [*_dedup_args(archive, tmp_path), "--json"]
     result = _run(runner, *args)
     assert result.exit_code == 0, result.output
     assert _jsonl(result.output)[-1]["summary"]["dropped"] == 2
@@ -635,18 +629,7 @@ def test_every_store_command_through_a_real_subprocess(
     run("compact", store)
     run("backup", store, tmp_path / "b.ndx")
     assert "0 violations" in run("check", tmp_path / "b.ndx")
-    run(
-        "dedup",
-        archive,
-        "--store",
-        tmp_path / "d.ndx",
-        "--threshold",
-        0.5,
-        "--keep",
-        tmp_path / "k.jsonl",
-        "--dropped",
-        tmp_path / "x.jsonl",
-    )
+    run(*_dedup_args(archive, tmp_path))
     assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 2
     run("query", tmp_path / "missing.ndx", "--text", "x", expect=2)
 
