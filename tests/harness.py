@@ -1,0 +1,193 @@
+"""What the reliability suites share with their long settings in ``tools/``.
+
+* :func:`raw_dump` reads every table of a store with plain LMDB, byte for byte: the
+  strictest "nothing changed" there is (commit counter and map size included).
+* :func:`logical_dump` is what a store *means*: parameters, documents by key, and each
+  band's entries by key. It ignores internal ids, the commit counter, the band generation
+  and the file layout, so a compacted or rebuilt store must dump equal to the original.
+* :class:`Model` is an in-memory reference: the documents a store should hold and the
+  band entries and query answers that follow from them, computed without the store.
+
+Each dump opens the environment with plain LMDB, so the store must not be open in the
+calling process (LMDB forbids opening one environment twice in a process); other
+processes may hold it open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from neardup_store import codec
+from neardup_store.lsh import LSHParams, band_keys
+
+Key = str | bytes
+
+
+def raw_dump(path: str | Path) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    """Every (key, value) of every named table, in LMDB order (duplicates included)."""
+    env = lmdb.open(str(path), readonly=True, max_dbs=1024, lock=True)
+    try:
+        with env.begin() as txn:
+            names = [bytes(name) for name, _ in txn.cursor()]
+        tables: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        for name in names:
+            db = env.open_db(name, create=False)
+            with env.begin(db=db) as txn:
+                tables[name] = [(bytes(k), bytes(v)) for k, v in txn.cursor()]
+        return tables
+    finally:
+        env.close()
+
+
+def raw_digest(path: str | Path) -> str:
+    """SHA-256 of :func:`raw_dump`: equal digests mean byte-identical table contents."""
+    return _digest(sorted(raw_dump(path).items()))
+
+
+def logical_dump(path: str | Path) -> dict[str, Any]:
+    """The store's meaning, independent of ids, generation, counters and file layout."""
+    tables = raw_dump(path)
+    meta = {k.decode(): codec.unpack_meta(v) for k, v in tables[codec.META_DB]}
+    banding = dict(meta["banding"])
+    generation = banding.pop("generation")
+    keys_by_id: dict[bytes, Key] = {}
+    documents: dict[Key, tuple[bytes, Any]] = {}
+    for raw_id, data in tables[codec.DOCS_DB]:
+        record = codec.decode_record(data, codec.decode_id(raw_id))
+        key = record.key
+        keys_by_id[raw_id] = key
+        documents[key] = (record.signature.tobytes(), record.metadata)
+    bands: dict[int, list[tuple[bytes, Key]]] = {}
+    for index in range(int(banding["bands"])):
+        entries = tables.get(codec.band_table_name(generation, index), [])
+        bands[index] = sorted(
+            ((band_key, keys_by_id.get(doc_id, doc_id)) for band_key, doc_id in entries),
+            key=_sort_key,
+        )
+    return {
+        "format_version": meta["format_version"],
+        "config": meta["config"],
+        "banding": banding,
+        "documents": dict(sorted(documents.items(), key=lambda item: _sort_key(item[0]))),
+        "bands": bands,
+        "keys": sorted((k for k, _ in tables[codec.KEYS_DB]), key=_sort_key),
+    }
+
+
+def logical_digest(path: str | Path) -> str:
+    """SHA-256 of :func:`logical_dump`."""
+    return _digest(logical_dump(path))
+
+
+@dataclass
+class Model:
+    """The documents a store should hold, and everything that follows from them.
+
+    Args:
+        banding: the store's :class:`LSHParams`.
+        seed: the store's MinHash seed (band keys are seeded with it).
+    """
+
+    banding: LSHParams
+    seed: int
+    documents: dict[Key, tuple[npt.NDArray[np.uint32], Any]] = field(default_factory=dict)
+
+    def add(self, key: Key, signature: npt.ArrayLike, metadata: Any = None) -> None:
+        self.documents[key] = (np.asarray(signature, dtype=np.uint32).copy(), metadata)
+
+    def remove(self, key: Key) -> None:
+        del self.documents[key]
+
+    def band_entries(self) -> dict[int, list[tuple[bytes, Key]]]:
+        """Each band's (band key, document key) entries the store must hold, sorted."""
+        bands: dict[int, list[tuple[bytes, Key]]] = {i: [] for i in range(self.banding.bands)}
+        if self.documents:
+            keys = list(self.documents)
+            sigs = np.stack([self.documents[k][0] for k in keys])
+            for key, row in zip(keys, band_keys(sigs, self.banding, self.seed), strict=True):
+                for index, band_key in enumerate(codec.encode_band_keys(row)):
+                    bands[index].append((band_key, key))
+        return {i: sorted(entries, key=_sort_key) for i, entries in bands.items()}
+
+    def query(
+        self, signature: npt.ArrayLike, threshold: float, limit: int | None = None
+    ) -> list[tuple[Key, float]]:
+        """(key, score) of the documents a query must return, best score first.
+
+        Ties are broken by insertion order, as the store breaks them by internal id.
+        """
+        sig = np.asarray(signature, dtype=np.uint32)
+        mine = codec.encode_band_keys(band_keys(sig[None, :], self.banding, self.seed)[0])
+        found = []
+        for order, (key, (stored, _)) in enumerate(self.documents.items()):
+            theirs = codec.encode_band_keys(band_keys(stored[None, :], self.banding, self.seed)[0])
+            if any(a == b for a, b in zip(mine, theirs, strict=True)):
+                score = float((stored == sig).mean())
+                if score >= threshold:
+                    found.append((-score, order, key))
+        found.sort()
+        return [(key, -neg) for neg, _, key in found[:limit]]
+
+    def differences(self, path: str | Path) -> list[str]:
+        """How the store at ``path`` differs from the model (empty when it matches)."""
+        dump = logical_dump(path)
+        problems = []
+        banding = (dump["banding"]["bands"], dump["banding"]["rows"])
+        if banding != (self.banding.bands, self.banding.rows):
+            return [f"banding {banding} differs from the model's"]
+        stored = dump["documents"]
+        for key in sorted(set(stored) | set(self.documents), key=_sort_key):
+            if key not in stored:
+                problems.append(f"missing document {key!r}")
+            elif key not in self.documents:
+                problems.append(f"unexpected document {key!r}")
+            else:
+                sig, metadata = self.documents[key]
+                if stored[key][0] != sig.tobytes():
+                    problems.append(f"signature of {key!r} differs")
+                if stored[key][1] != metadata:
+                    problems.append(f"metadata of {key!r} differs")
+        expected = self.band_entries()
+        for index, entries in dump["bands"].items():
+            if entries != expected[index]:
+                extra = set(entries) - set(expected[index])
+                lost = set(expected[index]) - set(entries)
+                problems.append(
+                    f"band {index}: {len(extra)} unexpected entries, {len(lost)} missing"
+                )
+        return problems
+
+
+def _sort_key(item: Any) -> Any:
+    """Order str and bytes keys together (str first) without comparing across types."""
+    if isinstance(item, tuple):
+        return tuple(_sort_key(part) for part in item)
+    if isinstance(item, str):
+        return (0, item.encode("utf-8"))
+    if isinstance(item, bytes):
+        return (1, item)
+    return (2, item)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(msgpack.packb(_plain(value), use_bin_type=True)).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """A msgpack-ready copy with mappings turned into sorted lists of pairs."""
+    if isinstance(value, Mapping):
+        return [[_plain(k), _plain(v)] for k, v in sorted(value.items(), key=_sort_key)]
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tobytes()
+    return value
