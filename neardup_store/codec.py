@@ -105,9 +105,17 @@ def decode_id(raw: bytes) -> int:
 
 def encode_band_keys(keys: npt.NDArray[np.uint64]) -> list[bytes]:
     """Band keys as 8-byte big-endian table keys."""
-    # Not ``k.tobytes()`` per element: numpy scalars are always native (little-endian) order.
-    raw = np.ascontiguousarray(keys, dtype=">u8").tobytes()
-    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
+    return band_key_bytes(np.ravel(keys))  # type: ignore[return-value]
+
+
+def band_key_bytes(values: npt.NDArray[np.uint64]) -> list[Any]:
+    """8-byte big-endian ``bytes`` of each value, nested like ``values`` (``tolist``).
+
+    Not ``k.tobytes()`` per element (numpy scalars are native, little-endian order), and
+    not slices of one buffer: viewing big-endian words as 8-byte void items lets numpy
+    make the ``bytes`` objects, several times faster than slicing in Python.
+    """
+    return np.ascontiguousarray(values, dtype=">u8").view("V8").tolist()  # type: ignore[no-any-return]
 
 
 def key_bytes(key: object) -> tuple[bytes, bool]:

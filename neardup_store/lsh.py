@@ -29,6 +29,7 @@ from .errors import InvalidParameterError
 from .hashing import U64, derive_keys, fmix64
 
 _ROW_MULT = U64(0x9FB21C651E98DF25)
+_S29 = U64(29)
 
 
 def _check_threshold(threshold: float) -> float:
@@ -196,13 +197,31 @@ def band_keys(
             "uint32 of shape (n, num_perm)",
         )
     params.check_fits(sigs.shape[1])
-    bands = sigs[:, : params.width].reshape(len(sigs), params.bands, params.rows).astype(np.uint64)
-    keys = np.broadcast_to(derive_keys(seed, "band", params.bands), bands.shape[:2]).copy()
-    for row in range(params.rows):
-        keys += bands[:, :, row]
+    n = len(sigs)
+    # Row-major (rows, n, bands) copy: each step of the fold below reads one contiguous
+    # slab, and all steps run in place, so a single query costs a few dozen tiny ufunc
+    # calls and a large batch streams through memory once per row.
+    rows = np.ascontiguousarray(
+        sigs[:, : params.width].reshape(n, params.bands, params.rows).transpose(2, 0, 1),
+        dtype=np.uint64,
+    )
+    keys = np.empty((n, params.bands), dtype=np.uint64)
+    keys[...] = _band_starts(seed, params.bands)
+    scratch = np.empty_like(keys)
+    for row in rows:
+        keys += row
         keys *= _ROW_MULT
-        keys ^= keys >> U64(29)
+        np.right_shift(keys, _S29, out=scratch)
+        keys ^= scratch
     return fmix64(keys)
+
+
+@lru_cache(maxsize=64)
+def _band_starts(seed: int, bands: int) -> npt.NDArray[np.uint64]:
+    """Start value of each band's digest (cached: a query needs them every time)."""
+    starts = derive_keys(seed, "band", bands)
+    starts.flags.writeable = False
+    return starts
 
 
 def candidate_pairs(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:

@@ -100,12 +100,9 @@ class _Prepared:
     raw_key: bytes
     is_str: bool
     signature: npt.NDArray[np.uint32]
-    band_keys: list[bytes]
+    band_keys: list[bytes]  # 8 big-endian bytes each
     metadata: bytes | None
-
-    @property
-    def index(self) -> bytes:
-        return codec.key_index(self.raw_key, self.is_str)
+    index: bytes  # the ``keys`` table key (codec.key_index)
 
 
 class ReadTxn:
@@ -266,10 +263,24 @@ class ReadTxn:
     ) -> list[list[Match]]:
         threshold = self._store._check_threshold(threshold)
         limit = _check_limit(limit)
+        candidates = self._candidates_many(self._band_key_matrix(sigs))
+        wanted = sorted(set().union(*candidates))
+        if not wanted:
+            return [[] for _ in candidates]
+        # Every candidate's signature is read and checked once, however many queries of
+        # the batch share it; each query is then one vectorised comparison.
+        position = {doc_id: i for i, doc_id in enumerate(wanted)}
+        stored = self._signatures_of(wanted)
+        num_perm = stored.shape[1]
         results = []
-        for sig, keys in zip(sigs, self._band_key_rows(sigs), strict=True):
-            ids = self._candidates(keys)
-            scored = self._verify(sig, ids, threshold)
+        for sig, ids in zip(sigs, candidates, strict=True):
+            if not ids:
+                results.append([])
+                continue
+            ordered = sorted(ids)
+            rows = stored[[position[i] for i in ordered]]
+            scores = np.count_nonzero(rows == sig, axis=1) / num_perm
+            scored = [(i, float(x)) for i, x in zip(ordered, scores, strict=True) if x >= threshold]
             results.append(self._to_matches(scored, limit))
         return results
 
@@ -300,10 +311,18 @@ class ReadTxn:
 
     # -- shared machinery ----------------------------------------------------------------
 
+    def _band_key_matrix(self, sigs: npt.NDArray[np.uint32]) -> list[bytes]:
+        """Each signature's band keys as one bytes row (8 big-endian bytes per band)."""
+        store = self._store
+        keys = band_keys(sigs, store.banding, store.config.seed)
+        raw = np.ascontiguousarray(keys, dtype=">u8").tobytes()
+        width = 8 * store.banding.bands
+        return [raw[i : i + width] for i in range(0, len(raw), width)]
+
     def _band_key_rows(self, sigs: npt.NDArray[np.uint32]) -> list[list[bytes]]:
         store = self._store
         keys = band_keys(sigs, store.banding, store.config.seed)
-        return [codec.encode_band_keys(row) for row in keys]
+        return codec.band_key_bytes(keys)  # type: ignore[return-value]
 
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
         ids: set[bytes] = set()
@@ -313,16 +332,37 @@ class ReadTxn:
                 ids.update(cursor.iternext_dup(keys=False, values=True))
         return ids
 
+    def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
+        """Candidate ids of many queries: one multi-get per band table for the whole batch."""
+        found: list[set[bytes]] = [set() for _ in rows]
+        if len(rows) == 1:
+            (row,) = rows
+            found[0] = self._candidates([row[i : i + 8] for i in range(0, len(row), 8)])
+            return found
+        for band in range(self._store.banding.bands):
+            lo = 8 * band
+            askers: dict[bytes, list[int]] = {}
+            for query, row in enumerate(rows):
+                askers.setdefault(row[lo : lo + 8], []).append(query)
+            # Sorted keys walk each table in order, so neighbouring lookups share pages.
+            hits = self._band_cursor(band).getmulti(sorted(askers), dupdata=True)
+            for band_key, doc_id in hits:
+                for query in askers[band_key]:
+                    found[query].add(doc_id)
+        return found
+
+    def _signatures_of(self, ids: Sequence[bytes]) -> npt.NDArray[np.uint32]:
+        """The stored signatures of ``ids`` (each record's checksum verified), one per row."""
+        return np.stack([codec.decode_signature(self._record(i), codec.decode_id(i)) for i in ids])
+
     def _verify(
         self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float
     ) -> list[tuple[bytes, float]]:
         ids = sorted(ids)
         if not ids:
             return []
-        stored = np.stack(
-            [codec.decode_signature(self._record(i), codec.decode_id(i)) for i in ids]
-        )
-        scores = (stored == sig).mean(axis=1)
+        stored = self._signatures_of(ids)
+        scores = np.count_nonzero(stored == sig, axis=1) / stored.shape[1]
         return [(i, float(s)) for i, s in zip(ids, scores, strict=True) if s >= threshold]
 
     def _key_of(self, doc_id: bytes) -> Key:
@@ -452,8 +492,8 @@ class WriteTxn(ReadTxn):
             signatures = self._store.hasher.signatures([text for _, text, _ in items], encoding)
         band_rows = self._band_key_rows(signatures) if len(items) else []
         return [
-            _Prepared(key, raw, is_str, sig, rows, meta)
-            for (key, _, _), (raw, is_str), sig, rows, meta in zip(
+            _Prepared(key, raw, is_str, sig, row, meta, codec.key_index(raw, is_str))
+            for (key, _, _), (raw, is_str), sig, row, meta in zip(
                 items, checked, signatures, band_rows, metadata, strict=True
             )
         ]
@@ -470,6 +510,43 @@ class WriteTxn(ReadTxn):
             for band, band_key in enumerate(doc.band_keys):
                 txn.put(band_key, doc_id, db=store._band_dbs[band], dupdata=True)
 
+    def _insert_new(self, docs: Sequence[_Prepared]) -> int:
+        """Insert documents whose keys are known to be new, one sorted multi-put per table.
+
+        The same entries as :meth:`_insert` per document, but each table receives its
+        entries in key order in one call: ids are appended, and sorted band keys land next
+        to each other in the B-tree instead of at random pages one Python call at a time.
+        """
+        if not docs:
+            return 0
+        store, txn = self._store, self.txn
+        ids = [self._allocate_id() for _ in docs]
+        records = [
+            (doc_id, codec.encode_record(doc.raw_key, doc.is_str, doc.signature, doc.metadata))
+            for doc_id, doc in zip(ids, docs, strict=True)
+        ]
+        indexes = sorted((doc.index, doc_id) for doc_id, doc in zip(ids, docs, strict=True))
+        bands = store.banding.bands
+        matrix = np.frombuffer(b"".join(b"".join(doc.band_keys) for doc in docs), dtype=">u8")
+        matrix = matrix.reshape(len(docs), bands)
+        id_values = np.frombuffer(b"".join(ids), dtype=">u8")
+        with self._writing():
+            with txn.cursor(db=store._docs_db) as cursor:
+                cursor.putmulti(records, append=True)
+            with txn.cursor(db=store._keys_db) as cursor:
+                cursor.putmulti(indexes)
+            for band in range(bands):
+                column = matrix[:, band]
+                order = np.lexsort((id_values, column))
+                entries = zip(
+                    codec.band_key_bytes(column[order]),
+                    codec.band_key_bytes(id_values[order]),
+                    strict=True,
+                )
+                with txn.cursor(db=store._band_dbs[band]) as cursor:
+                    cursor.putmulti(entries, dupdata=True)
+        return len(docs)
+
     def _delete(self, doc_id: bytes, index: bytes) -> None:
         store, txn = self._store, self.txn
         sig = codec.decode_signature(self._record(doc_id), codec.decode_id(doc_id))
@@ -479,6 +556,24 @@ class WriteTxn(ReadTxn):
                 txn.delete(band_key, doc_id, db=store._band_dbs[band])
             txn.delete(doc_id, db=store._docs_db)
             txn.delete(index, db=store._keys_db)
+
+    def _delete_many(self, found: Sequence[tuple[bytes, bytes]]) -> None:
+        """:meth:`_delete` for many ``(id, key index)`` pairs: band keys in one batch, and
+        each table's entries removed in key order."""
+        if not found:
+            return
+        store, txn = self._store, self.txn
+        ids = [doc_id for doc_id, _ in found]
+        rows = self._band_key_rows(self._signatures_of(ids))
+        with self._writing():
+            for band in range(store.banding.bands):
+                db = store._band_dbs[band]
+                for band_key, doc_id in sorted(zip([row[band] for row in rows], ids, strict=True)):
+                    txn.delete(band_key, doc_id, db=db)
+            for doc_id in ids:
+                txn.delete(doc_id, db=store._docs_db)
+            for index in sorted(index for _, index in found):
+                txn.delete(index, db=store._keys_db)
 
     def _store_prepared(self, doc: _Prepared, replace: bool) -> bool:
         existing = self.txn.get(doc.index, db=self._store._keys_db)
@@ -536,6 +631,7 @@ class WriteTxn(ReadTxn):
         prepared = self._prepare(batch, encoding=encoding)
         if not replace:
             self._check_new_keys(prepared)
+            return int(self._run(self._insert_new, prepared))
         for doc in prepared:
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
@@ -564,6 +660,7 @@ class WriteTxn(ReadTxn):
         prepared = self._prepare(batch, signatures)
         if not replace:
             self._check_new_keys(prepared)
+            return int(self._run(self._insert_new, prepared))
         for doc in prepared:
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
@@ -572,9 +669,14 @@ class WriteTxn(ReadTxn):
         """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
         seen: set[bytes] = set()
         for doc in prepared:
-            if doc.index in seen or self.txn.get(doc.index, db=self._store._keys_db) is not None:
+            if doc.index in seen:
                 raise DuplicateKeyError(doc.key)
             seen.add(doc.index)
+        # One sorted multi-get for the whole batch instead of a lookup per key.
+        with self.txn.cursor(db=self._store._keys_db) as cursor:
+            stored = {bytes(index) for index, _ in cursor.getmulti(sorted(seen))}
+        if stored:
+            raise DuplicateKeyError(next(doc.key for doc in prepared if doc.index in stored))
 
     def _remove_one(self, key: Key, missing_ok: bool) -> bool:
         found = self._lookup(key)
@@ -607,7 +709,17 @@ class WriteTxn(ReadTxn):
             for key in keys:
                 if self._lookup(key) is None:
                     raise KeyNotFoundError(key)
-        return sum(bool(self._run(self._remove_one, key, True)) for key in keys)
+        return int(self._run(self._remove_found, keys))
+
+    def _remove_found(self, keys: Sequence[Key]) -> int:
+        """Remove the stored ones among ``keys`` (each once); returns how many."""
+        found: dict[bytes, bytes] = {}
+        for key in keys:
+            hit = self._lookup(key)
+            if hit is not None:
+                found[bytes(hit[0])] = hit[1]
+        self._delete_many(sorted(found.items()))
+        return len(found)
 
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
         if self.txn.get(doc.index, db=self._store._keys_db) is not None:
