@@ -296,17 +296,29 @@ class ReadTxn:
         threshold = self._store._check_threshold(threshold)
         limit = _check_limit(limit)
         shingler = self._store.hasher.shingler
-        results = []
-        for text, sig, keys in zip(texts, sigs, self._band_key_rows(sigs), strict=True):
-            mine = shingler.hash_document(text, encoding)
-            found = []
-            for doc_id, score in self._verify(sig, self._candidates(keys), 0.0):
-                key = self._key_of(doc_id)
-                exact = hashed_jaccard(mine, shingler.hash_document(source(key)))
-                if exact >= threshold:
-                    found.append(Match(key, score, exact))
-            found.sort(key=lambda m: (-(m.exact or 0.0), -m.score))
-            results.append(found[:limit] if limit is not None else found)
+        results: list[list[Match]] = []
+        # Chunks bound the memory of candidate texts; within one, every text (query or
+        # candidate) is shingled once in one batch, however many queries share it.
+        for lo in range(0, len(texts), _EXACT_CHUNK):
+            chunk, chunk_sigs = texts[lo : lo + _EXACT_CHUNK], sigs[lo : lo + _EXACT_CHUNK]
+            mine = shingler.hash_batch(chunk, encoding, lo)
+            rows = self._band_key_matrix(chunk_sigs)
+            scored = [
+                self._verify(sig, ids, 0.0)
+                for sig, ids in zip(chunk_sigs, self._candidates_many(rows), strict=True)
+            ]
+            keys = {doc_id: self._key_of(doc_id) for found in scored for doc_id, _ in found}
+            order = {doc_id: n for n, doc_id in enumerate(keys)}
+            theirs = shingler.hash_batch([source(key) for key in keys.values()]) if keys else None
+            for query, found_ids in enumerate(scored):
+                found = []
+                for doc_id, score in found_ids:
+                    assert theirs is not None
+                    exact = hashed_jaccard(mine.document(query), theirs.document(order[doc_id]))
+                    if exact >= threshold:
+                        found.append(Match(keys[doc_id], score, exact))
+                found.sort(key=lambda m: (-(m.exact or 0.0), -m.score))
+                results.append(found[:limit] if limit is not None else found)
         return results
 
     # -- shared machinery ----------------------------------------------------------------
@@ -374,6 +386,9 @@ class ReadTxn:
         if limit is not None:
             scored = scored[:limit]
         return [Match(self._key_of(doc_id), score) for doc_id, score in scored]
+
+
+_EXACT_CHUNK = 1000  # queries per batch of exact re-verification
 
 
 def _check_limit(limit: int | None) -> int | None:
