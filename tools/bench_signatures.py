@@ -56,7 +56,8 @@ VENV_DIR = REPO_ROOT / "tools" / ".venv-bench"
 REEXEC_GUARD = "NEARDUP_BENCH_REEXECUTED"
 """Set before re-executing in the venv, so a broken venv can never cause a loop."""
 
-PEER_REQUIREMENTS = ("datasketch>=2,<3", "rensa")
+PEER_REQUIREMENTS = ("datasketch>=2,<3", "rensa", "redis", "scipy")
+"""Peers, the Redis client for datasketch's Redis storage, and scipy for the exact join."""
 SHINGLE_SIZE = 5
 NUM_PERM = 128
 RENSA_SEED = 42
@@ -104,7 +105,7 @@ def _venv_python() -> Path:
 def _venv_ready(python: Path) -> bool:
     """True if the venv imports this checkout's neardup_store and both peers."""
     probe = (
-        "import datasketch, rensa, neardup_store, pathlib, sys; "
+        "import datasketch, rensa, redis, scipy, neardup_store, pathlib, sys; "
         "sys.stdout.write(str(pathlib.Path(neardup_store.__file__).resolve().parent.parent))"
     )
     # -I: the current directory must not shadow what the venv itself has installed.
@@ -154,7 +155,8 @@ def enter_bench_venv() -> str | None:
     os.environ[REEXEC_GUARD] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+    # The running script (this one, or tools/bench.py which imports it) starts again there.
+    os.execv(str(python), [str(python), str(Path(sys.argv[0]).resolve()), *sys.argv[1:]])
     return None  # not reached
 
 

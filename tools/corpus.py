@@ -184,3 +184,90 @@ def near_duplicate(text: str, rate: float, rng: random.Random) -> str:
             out.extend((token, " ", rng.choice(vocabulary)))
         # edit == 1 deletes the word; its surrounding white space stays.
     return "".join(out)
+
+
+BOILERPLATE: tuple[str, ...] = (
+    "\n\nThis message and any attachments are confidential and intended solely for the "
+    "addressee. If you received it in error, please notify the sender and delete it.\n",
+    "\n\nGenerated automatically; do not edit by hand. Report problems to the maintainers.\n",
+    "\n\nCopyright the authors. All rights reserved. Redistribution is subject to the terms "
+    "of the licence shipped with this file.\n",
+)
+"""Short footers of the kind that mail and web templates append to otherwise equal text."""
+
+
+def _paragraphs(text: str) -> list[str]:
+    parts = [p for p in _PARAGRAPH_BREAK.split(text) if p.strip()]
+    return parts or [text]
+
+
+def edited_copy(text: str, rng: random.Random) -> tuple[str, str]:
+    """A realistic near-duplicate of ``text`` and a label naming the edit.
+
+    One of: word edits (substitutions, insertions and deletions) at a rate of 1-20%, two
+    paragraphs swapped, the end truncated (by up to a fifth), a boilerplate footer added,
+    or an edit of an edit (two of these in turn).
+    """
+    kind = rng.choice(("words", "words", "swap", "truncate", "boilerplate", "twice"))
+    if kind == "words":
+        rate = rng.uniform(0.01, 0.20)
+        return near_duplicate(text, rate, rng), f"words {100 * rate:.0f}%"
+    if kind == "swap":
+        paragraphs = _paragraphs(text)
+        if len(paragraphs) >= 2:
+            i, j = rng.sample(range(len(paragraphs)), 2)
+            paragraphs[i], paragraphs[j] = paragraphs[j], paragraphs[i]
+        return "\n\n".join(paragraphs), "paragraph swap"
+    if kind == "truncate":
+        cut = rng.uniform(0.02, 0.20)
+        return text[: max(1, int(len(text) * (1 - cut)))], f"truncated {100 * cut:.0f}%"
+    if kind == "boilerplate":
+        return text + rng.choice(BOILERPLATE), "boilerplate"
+    first, label = edited_copy(text, rng)
+    second, label2 = edited_copy(first, rng)
+    return second, f"{label} then {label2}"
+
+
+def with_near_duplicates(
+    documents: list[str], copies: int, seed: int
+) -> tuple[list[str], list[tuple[int, int, str]]]:
+    """``documents`` followed by ``copies`` edited copies of randomly chosen ones.
+
+    Returns the combined list and, for every copy, ``(copy index, source index, edit)``.
+    A copy may itself be copied again (an edit of an edit of a neighbour), as happens with
+    forwarded mail and re-posted pages.
+    """
+    rng = random.Random(seed)
+    combined = list(documents)
+    seeded: list[tuple[int, int, str]] = []
+    for _ in range(copies):
+        source = rng.randrange(len(combined))
+        text, label = edited_copy(combined[source], rng)
+        seeded.append((len(combined), source, label))
+        combined.append(text)
+    return combined, seeded
+
+
+def stream_documents(
+    count: int, seed: int, min_bytes: int = 1000, max_bytes: int = 4000, pool_docs: int = 20000
+) -> Iterator[str]:
+    """``count`` distinct documents, generated one at a time (the large, streamed variant).
+
+    The machine holds far less text than a million documents, so each document is a
+    seeded mixture of real paragraphs drawn from ``pool_docs`` real documents, cut to a
+    size in ``min_bytes``..``max_bytes``. Two such documents rarely share more than one
+    paragraph, so they behave like distinct documents with some common boilerplate;
+    nothing is kept in memory but the paragraph pool.
+    """
+    rng = random.Random(seed)
+    pool = [p for doc in real_documents(pool_docs, seed) for p in _paragraphs(doc)]
+    pool = [p for p in pool if 40 <= len(p) <= max_bytes]
+    for _ in range(count):
+        target = rng.randint(min_bytes, max_bytes)
+        parts: list[str] = []
+        size = 0
+        while size < target:
+            piece = rng.choice(pool)
+            parts.append(piece)
+            size += len(piece) + 2
+        yield "\n\n".join(parts)[:target]

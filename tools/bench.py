@@ -1,0 +1,379 @@
+"""One command for every benchmark: neardup_store beside datasketch and rensa, same run.
+
+    python tools/bench.py            # full run: 1M-document store (about 30 min)
+    python tools/bench.py --quick    # 100k-document store, smaller corpora (a few minutes)
+    python tools/bench.py --long     # adds the 10M-document scale point
+
+It pins one core, creates ``tools/.venv-bench`` with the peers (datasketch, rensa, the
+Redis client, scipy) and re-executes there, then runs, in order: text → signature
+throughput (``bench_signatures``), the store figures (``bench_store``: ingest, queries,
+removal, size, scale, end to end; datasketch in memory and on a private local
+redis-server when one is installed) and accuracy against the exact truth
+(``bench_accuracy`` with ``ground_truth``). It writes ``tools/results/bench-<time>.json``
+and ``.md``; the Markdown closes with every target, its figure, and met or not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import bench_signatures as sig_bench
+from corpus import real_documents, with_near_duplicates
+
+TOOLS = Path(__file__).resolve().parent
+RESULTS = TOOLS / "results"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
+    parser.add_argument("--long", action="store_true", help="also the 10M-document point")
+    parser.add_argument("--large", type=int, help="documents in the large store (1M; quick 100k)")
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["signatures", "store", "accuracy", "end_to_end"],
+                        help="leave a section out (repeatable)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-install", action="store_true", help="do not build the venv")
+    args = parser.parse_args(argv)
+    if args.large is None:
+        args.large = 10_000_000 if args.long else (100_000 if args.quick else 1_000_000)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cpu = sig_bench.pin_to_one_core()
+    problem = None if args.no_install else sig_bench.enter_bench_venv()
+    sys.path.insert(0, str(sig_bench.REPO_ROOT))
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    import bench_accuracy
+    import bench_store
+    import ground_truth
+
+    peers, missing = sig_bench.available_peers()
+    report: dict[str, Any] = {
+        "command": "python tools/bench.py" + (" --quick" if args.quick else "")
+        + (" --long" if args.long else ""),
+        "machine": sig_bench.machine_info(cpu),
+        "peers_unavailable": missing,
+        "venv_problem": problem,
+        "settings": {"quick": args.quick, "long": args.long, "large": args.large,
+                     "seed": args.seed, "shingles": "char 5", "num_perm": 128,
+                     "threshold": 0.8},
+    }  # fmt: skip
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    if "signatures" not in args.skip:
+        log("text -> signature throughput (bench_signatures)")
+        out = RESULTS / f"signatures-{stamp}.json"
+        # Full mode: 1500 documents (about 15 MB) keep the slowest peer's five passes short.
+        size = ["--quick"] if args.quick else ["--docs", "1500"]
+        sig_args = ["--json", str(out), "--no-install", *size]
+        sig_bench.main(sig_args)
+        report["signatures"] = json.loads(out.read_text())
+
+    workdir = Path(tempfile.mkdtemp(prefix="neardup-bench-"))
+    real = real_documents(600 if args.quick else 2000, args.seed)
+    if "end_to_end" not in args.skip:
+        log("end to end ingest")
+        report["end_to_end"] = bench_store.end_to_end(
+            real, 3 if args.quick else 5, workdir, sig_bench.REPO_ROOT, log
+        )
+
+    if "store" not in args.skip:
+        log(f"signatures of {args.large} streamed documents")
+        sigs = bench_store.large_signatures(args.large, args.seed, log)
+        queries = bench_store.near_queries(sigs, 1000 if args.quick else 2000, args.seed)
+        checkpoint = 100_000 if args.large > 100_000 else args.large // 10
+        log("our store")
+        report["store_ours"] = bench_store.ours_large(
+            sigs, queries, real[:1000], checkpoint, workdir, log
+        )
+        log("datasketch in memory")
+        dsk_n = min(args.large, 1_000_000)
+        report["store_datasketch_memory"] = bench_store.datasketch_memory(
+            sigs[:dsk_n], queries, 100_000 if not args.quick else 20_000, log
+        )
+        log("datasketch on Redis")
+        report["store_datasketch_redis"] = bench_store.datasketch_redis(
+            sigs, queries, 10_000 if args.quick else 20_000, log
+        )
+
+    if "accuracy" not in args.skip:
+        base, copies = (500, 300) if args.quick else (2000, 1000)
+        docs, _ = with_near_duplicates(real_documents(base, args.seed + 7), copies, args.seed)
+        log(f"exact truth for {len(docs)} documents")
+        sets = ground_truth.shingle_sets(docs)
+        truth = ground_truth.all_pairs(sets, 0.5)
+        report["truth"] = {
+            "documents": len(docs),
+            "seeded_copies": copies,
+            "pairs_ge_0.5": len(truth),
+            "pairs_ge_0.8": sum(1 for j in truth.values() if j >= 0.8),
+            "brute_force_check": ground_truth.check_against_brute_force(sets, 300),
+        }
+        report["accuracy"] = bench_accuracy.run(
+            docs, truth, set(peers), sig_bench.python_shingler(), log
+        )
+
+    report["run_seconds"] = time.perf_counter() - started
+    report["targets"] = targets(report)
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(report, indent=2, default=str))
+    markdown = render(report)
+    (RESULTS / f"bench-{stamp}.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {RESULTS / f'bench-{stamp}.json'} and .md")
+    return 0
+
+
+# -- targets and report -------------------------------------------------------------------------
+
+
+def _get(report: dict[str, Any], *path: Any) -> Any:
+    node: Any = report
+    for part in path:
+        if node is None:
+            return None
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _throughput(report: dict[str, Any], key: str, figure: str) -> float | None:
+    for row in _get(report, "signatures", "throughput") or []:
+        if row["key"] == key and row["figure"] == figure:
+            return float(row["mb_per_s"])
+    return None
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the brief, its measured figure, and whether it is met."""
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, figure: str, met: bool | None) -> None:
+        rows.append({"target": name, "figure": figure, "met": met})
+
+    ours = _throughput(report, "ours-oph", "raw text")
+    dsk = _throughput(report, "datasketch-bulk", "end-to-end")
+    fastest = max(
+        (row["mb_per_s"] for row in _get(report, "signatures", "throughput") or []
+         if row["system"] == "rensa" and row["figure"] == "end-to-end"
+         and row["key"] != "rensa-rho"),
+        default=None,
+    )  # fmt: skip
+    if ours and fastest:
+        add("text→signature ≥ 4× rensa's fastest Python-facing path",
+            f"{ours:.1f} vs {fastest:.2f} MB/s = {ours / fastest:.1f}×",
+            ours >= 4 * fastest)  # fmt: skip
+    if ours and dsk:
+        add("text→signature ≥ 25× datasketch MinHash.bulk",
+            f"{ours:.1f} vs {dsk:.2f} MB/s = {ours / dsk:.1f}×", ours >= 25 * dsk)  # fmt: skip
+    mine = _get(report, "store_ours")
+    mem = _get(report, "store_datasketch_memory")
+    red = _get(report, "store_datasketch_redis")
+    if mine and mem:
+        r = mine["ingest_docs_per_s"] / mem["insert_per_s"]
+        add("signature ingest ≥ 2× datasketch in-memory insert",
+            f"{mine['ingest_docs_per_s']:.0f} vs {mem['insert_per_s']:.0f} docs/s = {r:.2f}×",
+            r >= 2)  # fmt: skip
+        last = mine["checkpoints"][max(mine["checkpoints"])]
+        p50, dp50 = last["query_signature"]["p50_us"], mem["query_signature"]["p50_us"]
+        add(f"query p50 at {mine['documents']} docs within 1.2× of datasketch in memory",
+            f"{p50:.0f} µs vs {dp50:.0f} µs = {p50 / dp50:.2f}×", p50 <= 1.2 * dp50)  # fmt: skip
+        add("batched remove ≥ datasketch in memory",
+            f"{mine['remove_per_s']:.0f} vs {mem['remove_per_s']:.0f} /s",
+            mine["remove_per_s"] >= mem["remove_per_s"])  # fmt: skip
+        add("bytes on disk per document ≤ 1.2 KB",
+            f"{mine['bytes_per_doc']:.0f} B as ingested, {mine['bytes_per_doc_compacted']:.0f} B "
+            f"compacted (datasketch pickle {mem['pickle_bytes_per_doc']:.0f} B)",
+            mine["bytes_per_doc"] <= 1200)  # fmt: skip
+    if mine and red and "skipped" not in red:
+        r = mine["ingest_docs_per_s"] / red["insert_per_s"]
+        add(
+            "signature ingest ≥ 20× datasketch on Redis",
+            f"{r:.0f}× ({red['insert_per_s']:.0f} docs/s on Redis)",
+            r >= 20,
+        )
+        last = mine["checkpoints"][max(mine["checkpoints"])]
+        r = red["query_signature"]["p50_us"] / last["query_signature"]["p50_us"]
+        add(
+            "query p50 ≥ 30× faster than datasketch on Redis",
+            f"{r:.0f}× ({red['query_signature']['p50_us']:.0f} µs on Redis)",
+            r >= 30,
+        )
+    if mine and len(mine["checkpoints"]) == 2:
+        small, big = (mine["checkpoints"][k] for k in sorted(mine["checkpoints"]))
+        ri = small["ingest_docs_per_s"] / big["ingest_docs_per_s"]
+        rq = big["query_signature"]["p99_us"] / small["query_signature"]["p99_us"]
+        add("scale: ingest rate and query p99 within 1.5× of the 100k values",
+            f"ingest {ri:.2f}× slower, p99 {rq:.2f}× higher", ri <= 1.5 and rq <= 1.5)  # fmt: skip
+    e2e = _get(report, "end_to_end")
+    if e2e:
+        add(
+            "end-to-end ingest ≥ 25 MB/s per core",
+            f"{e2e['one_core_mb_per_s']:.1f} MB/s",
+            e2e["one_core_mb_per_s"] >= 25,
+        )
+        add(
+            "two processes on two cores ≥ 1.7× one",
+            f"{e2e['two_process_speedup']:.2f}×",
+            e2e["two_process_speedup"] >= 1.7,
+        )
+    acc = _get(report, "accuracy") or {}
+    default = next((v for k, v in acc.items() if k.startswith("ours defaults")), None)
+    if default:
+        add("accuracy at the defaults: recall and precision ≥ 0.95",
+            f"recall {default['recall']:.3f}, precision {default['precision']:.3f}",
+            default["recall"] >= 0.95 and default["precision"] >= 0.95)  # fmt: skip
+        peers = [v for k, v in acc.items() if "estimate >= 0.8" in k]
+        if peers:
+            ok = all(default["recall"] >= p["recall"] and default["precision"] >= p["precision"]
+                     for p in peers)  # fmt: skip
+            add("at num_perm 128, recall and precision each ≥ datasketch's and rensa's",
+                "; ".join(f"{k.split(' (')[0]} {v['recall']:.3f}/{v['precision']:.3f}"
+                          for k, v in acc.items() if "estimate >= 0.8" in k)
+                + f" vs ours {default['recall']:.3f}/{default['precision']:.3f}", ok)  # fmt: skip
+        exact = [v for k, v in acc.items() if "exact" in k]
+        if exact:
+            best = max(exact, key=lambda v: v["recall"])
+            add("exact re-verification: precision 1.0, recall ≥ 0.99",
+                f"precision {best['precision']:.3f}, recall {best['recall']:.3f} (best setting)",
+                best["precision"] == 1.0 and best["recall"] >= 0.99)  # fmt: skip
+    return rows
+
+
+def render(report: dict[str, Any]) -> str:
+    """The Markdown report: settings, every figure, and the targets."""
+    m = report["machine"]
+    lines = [
+        f"## Benchmark report ({report['command']})",
+        "",
+        f"Checkout {m['neardup_store_checkout']}; {m['cpu_model']}, {m['cpu_count']} CPUs, "
+        f"pinned to cpu {m['pinned_cpu']}; load average at start {m['load_average_at_start']}; "
+        f"Python {m['python']}, numpy {m['numpy']}, datasketch {m['datasketch']}, "
+        f"rensa {m['rensa']}; run time {report['run_seconds'] / 60:.1f} min.",
+        "",
+    ]
+    sigs = _get(report, "signatures")
+    if sigs:
+        c = sigs["corpus"]
+        lines += [
+            f"### Text → signature ({c['docs']} real documents, {c['megabytes']:.1f} MB, "
+            f"median of {sigs['settings']['repeats']})",
+            "",
+            "| system | method | figure | docs/s | MB/s |",
+            "|---|---|---|---:|---:|",
+        ]
+        for row in sigs["throughput"]:
+            lines.append(
+                f"| {row['system']} | {row['label']} | {row['figure']} | "
+                f"{row['docs_per_s']:.0f} | {row['mb_per_s']:.2f} |"
+            )
+        lines.append("")
+    e2e = _get(report, "end_to_end")
+    if e2e:
+        lines += [
+            f"### End-to-end ingest, text → committed store ({e2e['documents']} documents, "
+            f"{e2e['megabytes']:.1f} MB, `add_many`, durable=False)",
+            "",
+            f"- in-process, one core: **{e2e['one_core_mb_per_s']:.1f} MB/s**",
+            f"- one worker process: {e2e['one_process_mb_per_s']:.1f} MB/s; two worker processes "
+            f"on two cores, same store: {e2e['two_processes_mb_per_s']:.1f} MB/s "
+            f"(**{e2e['two_process_speedup']:.2f}×**)",
+            "",
+        ]
+    mine = _get(report, "store_ours")
+    mem = _get(report, "store_datasketch_memory")
+    red = _get(report, "store_datasketch_redis")
+    if mine:
+        lines += [
+            f"### Store at {mine['documents']} documents (precomputed signatures)",
+            "",
+            "| figure | ours | datasketch in memory | datasketch on Redis |",
+            "|---|---:|---:|---:|",
+        ]
+        last = mine["checkpoints"][max(mine["checkpoints"])]
+
+        def cell(d: Any, *path: str, fmt: str = "{:.0f}") -> str:
+            value = _get(d, *path) if d else None
+            return "n/a" if value is None else fmt.format(value)
+
+        redis_note = red.get("skipped") if red else "not run"
+        q, qt = last["query_signature"], mine["query_text"]
+        sig = "query_signature"
+        lines += [
+            f"| batched ingest, docs/s | {mine['ingest_docs_per_s']:.0f} | "
+            f"{cell(mem, 'insert_per_s')} | {cell(red, 'insert_per_s')} |",
+            f"| query by signature p50 / p99, µs | {q['p50_us']:.0f} / {q['p99_us']:.0f} | "
+            f"{cell(mem, sig, 'p50_us')} / {cell(mem, sig, 'p99_us')} | "
+            f"{cell(red, sig, 'p50_us')} / {cell(red, sig, 'p99_us')} |",
+            f"| batch query by signature, queries/s | "
+            f"{mine['batch_query_signature_per_s']:.0f} | | |",
+            f"| query by text p50 / p99, µs | {qt['p50_us']:.0f} / {qt['p99_us']:.0f} | | |",
+            f"| batch query by text, docs/s | {mine['batch_query_text_per_s']:.0f} | | |",
+            f"| remove (batched), docs/s | {mine['remove_per_s']:.0f} | "
+            f"{cell(mem, 'remove_per_s')} | {cell(red, 'remove_per_s')} |",
+            f"| bytes per document | {mine['bytes_per_doc']:.0f} on disk "
+            f"({mine['bytes_per_doc_compacted']:.0f} compacted) | "
+            f"{cell(mem, 'pickle_bytes_per_doc')} pickled | "
+            f"{cell(red, 'used_memory_bytes_per_doc')} Redis memory |",
+            "",
+            f"datasketch in memory at {cell(mem, 'documents')} documents (bands "
+            f"{cell(mem, 'bands')}×{cell(mem, 'rows')}); pickle at {cell(mem, 'pickle_docs')}; "
+            f"Redis at {cell(red, 'documents')} documents ({redis_note or 'local redis-server'}).",
+            "",
+            "Scale (ours):",
+            "",
+            "| documents | ingest docs/s | query p50 µs | query p99 µs | used bytes/doc |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for size, point in sorted(mine["checkpoints"].items()):
+            q = point["query_signature"]
+            lines.append(
+                f"| {size} | {point['ingest_docs_per_s']:.0f} | {q['p50_us']:.0f} | "
+                f"{q['p99_us']:.0f} | {point['used_bytes_per_doc']:.0f} |"
+            )
+        lines.append("")
+    acc = _get(report, "accuracy")
+    if acc:
+        t = report["truth"]
+        lines += [
+            f"### Accuracy at t = 0.8 ({t['documents']} documents incl. {t['seeded_copies']} "
+            f"seeded copies; {t['pairs_ge_0.8']} true pairs ≥ 0.8; exact join checked against "
+            f"brute force: {t['brute_force_check']})",
+            "",
+            "| system | recall | 0.80–0.85 | 0.85–0.90 | 0.90–0.95 | 0.95–1 | precision "
+            "| returned |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+
+        def f(value: Any) -> str:
+            return "n/a" if value is None else f"{value:.3f}"
+
+        for name, row in acc.items():
+            lines.append(
+                f"| {name} | {f(row['recall'])} | {f(row['recall_0.80-0.85'])} | "
+                f"{f(row['recall_0.85-0.90'])} | {f(row['recall_0.90-0.95'])} | "
+                f"{f(row['recall_0.95-1.00'])} | {f(row['precision'])} | {row['returned']} |"
+            )
+        lines.append("")
+    lines += ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for row in report["targets"]:
+        met = {True: "met", False: "**not met**", None: "n/a"}[row["met"]]
+        lines.append(f"| {row['target']} | {row['figure']} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

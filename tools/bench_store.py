@@ -1,0 +1,391 @@
+"""Store figures side by side with datasketch's MinHashLSH (in memory and on Redis).
+
+Run through ``tools/bench.py`` (which pins one core and enters the bench venv). Every
+figure here is measured in the same process on the same data as its peer figure:
+
+* ``ingest_signatures`` — batched ingest of precomputed signatures into a store of
+  ``large`` documents (``add_signatures``, 10k per transaction, ``durable=False``), with
+  the ingest rate and the query latency recorded at 100k documents and at the end (the
+  scale figures); datasketch ``MinHashLSH.insert`` gets the same signatures.
+* ``queries`` — query by signature (p50/p99, one query per call), by text, and batch
+  query throughput; the same signature queries against datasketch.
+* ``remove`` — batched removal (``remove_many``, 1000 per transaction) against
+  ``MinHashLSH.remove``.
+* ``size`` — bytes on disk per document (as ingested and after ``compact``), against
+  datasketch's pickle and Redis ``used_memory``.
+* ``end_to_end`` — text → committed store, one process on one core and two processes on
+  two cores writing the same store.
+
+Signatures of the large variant come from signing ``corpus.stream_documents`` (cached in
+``tools/results/cache`` so a second run does not sign again). Signature queries are
+stored signatures with 10% of their values replaced (a near-duplicate at J ≈ 0.82) and as
+many fresh random signatures (no match), so both hit and miss paths are timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import pickle
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from corpus import stream_documents
+
+TOOLS = Path(__file__).resolve().parent
+CACHE = TOOLS / "results" / "cache"
+
+
+def percentiles(seconds: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99 in microseconds."""
+    values = np.asarray(seconds) * 1e6
+    return {f"p{q}_us": float(np.percentile(values, q)) for q in (50, 90, 99)}
+
+
+def large_signatures(count: int, seed: int, log: Callable[[str], None]) -> np.ndarray:
+    """Signatures of ``count`` streamed documents (1-2 KB each), cached on disk."""
+    from neardup_store import MinHasher
+
+    path = CACHE / f"stream-{count}-{seed}.npy"
+    if path.exists():
+        return np.load(path)
+    hasher = MinHasher()
+    out = np.empty((count, 128), dtype=np.uint32)
+    batch: list[str] = []
+    done = 0
+    started = time.perf_counter()
+    for text in stream_documents(count, seed, min_bytes=1000, max_bytes=2000, pool_docs=5000):
+        batch.append(text)
+        if len(batch) == 5000:
+            out[done : done + len(batch)] = hasher.signatures(batch)
+            done += len(batch)
+            batch = []
+            if done % 100_000 == 0:
+                log(f"signed {done} streamed documents ({time.perf_counter() - started:.0f} s)")
+    if batch:
+        out[done : done + len(batch)] = hasher.signatures(batch)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    np.save(path, out)
+    return out
+
+
+def near_queries(sigs: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """Half stored signatures with 10% of values replaced, half fresh random ones."""
+    rng = np.random.default_rng(seed)
+    picked = sigs[rng.choice(len(sigs), count // 2, replace=False)].copy()
+    mask = rng.random(picked.shape) < 0.10
+    picked[mask] = rng.integers(0, 2**32, size=int(mask.sum()), dtype=np.uint32)
+    fresh = rng.integers(0, 2**32, size=(count - len(picked), sigs.shape[1]), dtype=np.uint32)
+    out = np.concatenate([picked, fresh])
+    rng.shuffle(out)
+    return out
+
+
+def time_each(run: Callable[[Any], object], items: Sequence[Any]) -> list[float]:
+    """Wall time of ``run(item)`` for each item (after a warm-up of 20 items)."""
+    for item in items[:20]:
+        run(item)
+    seconds = []
+    for item in items:
+        start = time.perf_counter()
+        run(item)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def used_bytes(store: Any) -> int:
+    env = store._env
+    return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+
+
+# -- ours ---------------------------------------------------------------------------------
+
+
+def ours_large(
+    sigs: np.ndarray, queries: np.ndarray, texts: Sequence[str], checkpoint: int,
+    workdir: Path, log: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """Ingest, query, remove and size figures of our store at ``len(sigs)`` documents."""
+    from neardup_store import Store
+
+    n = len(sigs)
+    path = workdir / "large.ndx"
+    result: dict[str, Any] = {"documents": n, "checkpoints": {}}
+    batch = 10_000
+    rates: list[tuple[int, float]] = []
+    with Store.open(path, create=True, durable=False) as store:
+        for lo in range(0, n, batch):
+            items = [(f"d{i}", sigs[i]) for i in range(lo, min(n, lo + batch))]
+            gc.collect()
+            start = time.perf_counter()
+            store.add_signatures(items, batch_size=None)
+            rates.append((lo + len(items), len(items) / (time.perf_counter() - start)))
+            size = lo + len(items)
+            if size in (checkpoint, n):
+                with store.read() as txn:
+                    latency = time_each(lambda q, txn=txn: txn.query(signature=q), queries)
+                window = [r for s, r in rates if s > size // 2]
+                result["checkpoints"][size] = {
+                    "ingest_docs_per_s": statistics.median(window),
+                    "query_signature": percentiles(latency),
+                    "used_bytes_per_doc": used_bytes(store) / size,
+                }
+                log(f"ours at {size} docs: {result['checkpoints'][size]}")
+        total = sum(len(range(lo, min(n, lo + batch))) for lo in range(0, n, batch))
+        result["ingest_docs_per_s"] = total / sum(batch / r for _, r in rates)
+        with store.read() as txn:
+            matches = sum(len(m) for m in txn.query_many(signatures=queries))
+            for _ in range(3):
+                start = time.perf_counter()
+                txn.query_many(signatures=queries)
+                result.setdefault("batch_query_signature_s", []).append(time.perf_counter() - start)
+            result["batch_query_signature_per_s"] = len(queries) / statistics.median(
+                result["batch_query_signature_s"]
+            )
+            result["query_matches"] = matches
+            result["query_text"] = percentiles(
+                time_each(lambda t, txn=txn: txn.query(t), list(texts[:500]))
+            )
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                txn.query_many(list(texts))
+                times.append(time.perf_counter() - start)
+            result["batch_query_text_per_s"] = len(texts) / statistics.median(times)
+        result["bytes_per_doc"] = used_bytes(store) / n
+        result["file_bytes_per_doc"] = os.path.getsize(path / "data.mdb") / n
+        keys = [f"d{i}" for i in range(0, min(n, 200_000), 20)][:10_000]
+        start = time.perf_counter()
+        for lo in range(0, len(keys), 1000):
+            store.remove_many(keys[lo : lo + 1000])
+        result["remove_per_s"] = len(keys) / (time.perf_counter() - start)
+        log("compacting")
+        report = store.compact()
+        result["compact"] = repr(report)
+        result["bytes_per_doc_compacted"] = used_bytes(store) / (n - len(keys))
+    shutil.rmtree(path, ignore_errors=True)
+    return result
+
+
+# -- datasketch -----------------------------------------------------------------------------
+
+
+class _Sketch:
+    """A precomputed signature in the shape ``MinHashLSH`` reads (``hashvalues``, len)."""
+
+    __slots__ = ("hashvalues",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.hashvalues = values
+
+    def __len__(self) -> int:
+        return len(self.hashvalues)
+
+
+def datasketch_memory(
+    sigs: np.ndarray, queries: np.ndarray, pickle_docs: int, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """datasketch MinHashLSH in memory, same signatures (as uint64 hash values)."""
+    from datasketch import MinHashLSH
+
+    wide = sigs.astype(np.uint64)
+    sketches = [_Sketch(row) for row in wide]
+    lsh = MinHashLSH(threshold=0.8, num_perm=128)
+    result: dict[str, Any] = {"documents": len(sigs), "bands": lsh.b, "rows": lsh.r}
+    gc.collect()
+    start = time.perf_counter()
+    for i, sketch in enumerate(sketches):
+        lsh.insert(f"d{i}", sketch, check_duplication=False)
+    result["insert_per_s"] = len(sigs) / (time.perf_counter() - start)
+    log(f"datasketch in memory: {result['insert_per_s']:.0f} inserts/s")
+    q = [_Sketch(row) for row in queries.astype(np.uint64)]
+    result["query_signature"] = percentiles(time_each(lsh.query, q))
+    keys = [f"d{i}" for i in range(0, min(len(sigs), 200_000), 20)][:10_000]
+    start = time.perf_counter()
+    for key in keys:
+        lsh.remove(key)
+    result["remove_per_s"] = len(keys) / (time.perf_counter() - start)
+    del lsh
+    gc.collect()
+    small = MinHashLSH(threshold=0.8, num_perm=128)
+    count = min(pickle_docs, len(sketches))
+    for i in range(count):
+        small.insert(f"d{i}", sketches[i], check_duplication=False)
+    result["pickle_docs"] = count
+    result["pickle_bytes_per_doc"] = len(pickle.dumps(small, protocol=5)) / count
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[int | None]:
+    """A private redis-server on 127.0.0.1 (no persistence), stopped afterwards."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield None
+        return
+    port = _free_port()
+    workdir = tempfile.mkdtemp(prefix="bench-redis-")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def datasketch_redis(
+    sigs: np.ndarray, queries: np.ndarray, count: int, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """datasketch MinHashLSH with Redis storage on a local server (a smaller store)."""
+    import redis
+    from datasketch import MinHashLSH
+
+    with redis_server() as port:
+        if port is None:
+            return {"skipped": "redis-server is not installed (apt-get install redis-server)"}
+        config = {"type": "redis", "redis": {"host": "127.0.0.1", "port": port}}
+        lsh = MinHashLSH(threshold=0.8, num_perm=128, storage_config=config)
+        sketches = [_Sketch(row) for row in sigs[:count].astype(np.uint64)]
+        start = time.perf_counter()
+        with lsh.insertion_session(buffer_size=50_000) as session:
+            for i, sketch in enumerate(sketches):
+                session.insert(f"d{i}", sketch, check_duplication=False)
+        result: dict[str, Any] = {
+            "documents": count,
+            "insert_per_s": count / (time.perf_counter() - start),
+        }
+        log(f"datasketch on Redis: {result['insert_per_s']:.0f} inserts/s")
+        q = [_Sketch(row) for row in queries[:500].astype(np.uint64)]
+        result["query_signature"] = percentiles(time_each(lsh.query, q))
+        memory = redis.Redis(host="127.0.0.1", port=port).info("memory")
+        result["used_memory_bytes_per_doc"] = int(memory["used_memory"]) / count
+        keys = [f"d{i}" for i in range(0, count, 10)][:2000]
+        start = time.perf_counter()
+        for key in keys:
+            lsh.remove(key)
+        result["remove_per_s"] = len(keys) / (time.perf_counter() - start)
+        return result
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+_WORKER = r"""
+import os, pickle, sys, time
+cpu, store_path, docs_path, part, parts = sys.argv[1:6]
+os.sched_setaffinity(0, {int(cpu)})
+sys.path.insert(0, os.environ["NEARDUP_ROOT"])
+from neardup_store import Store
+docs = pickle.load(open(docs_path, "rb"))
+mine = [(f"p{part}-{i}", d) for i, d in enumerate(docs) if i % int(parts) == int(part)]
+with Store.open(store_path, create=True, durable=False) as store:
+    print("ready", flush=True)
+    sys.stdin.readline()
+    store.add_many(mine, batch_size=500)
+print("done", flush=True)
+"""
+
+
+def _run_workers(docs_path: Path, store_path: Path, cpus: Sequence[int], root: Path) -> float:
+    """Start one worker per CPU, release them together, return the wall time until all end."""
+    env = {**os.environ, "NEARDUP_ROOT": str(root), "OMP_NUM_THREADS": "1"}
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WORKER,
+                str(cpu),
+                str(store_path),
+                str(docs_path),
+                str(part),
+                str(len(cpus)),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for part, cpu in enumerate(cpus)
+    ]
+    for worker in workers:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+    start = time.perf_counter()
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+    for worker in workers:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "done"
+        worker.wait()
+    return time.perf_counter() - start
+
+
+def end_to_end(
+    docs: Sequence[str], repeats: int, workdir: Path, root: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Text → committed store: in this process on one core, then 1 and 2 worker processes."""
+    from neardup_store import Store
+
+    megabytes = sum(len(d.encode("utf-8")) for d in docs) / 1e6
+    items = [(f"k{i}", d) for i, d in enumerate(docs)]
+    seconds = []
+    for attempt in range(repeats):
+        path = workdir / f"e2e-{attempt}.ndx"
+        with Store.open(path, create=True, durable=False) as store:
+            gc.collect()
+            start = time.perf_counter()
+            store.add_many(items, batch_size=500)
+            seconds.append(time.perf_counter() - start)
+        shutil.rmtree(path)
+    result: dict[str, Any] = {
+        "documents": len(docs),
+        "megabytes": megabytes,
+        "one_core_mb_per_s": megabytes / statistics.median(seconds),
+        "one_core_seconds": seconds,
+    }
+    log(f"end to end, one core: {result['one_core_mb_per_s']:.1f} MB/s")
+    docs_path = workdir / "docs.pickle"
+    docs_path.write_bytes(pickle.dumps(list(docs)))
+    cpus = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))[:2]
+    for label, chosen in (("one_process", cpus[:1]), ("two_processes", cpus)):
+        runs = []
+        for attempt in range(repeats):
+            path = workdir / f"e2e-{label}-{attempt}.ndx"
+            runs.append(_run_workers(docs_path, path, chosen, root))
+            shutil.rmtree(path)
+        result[f"{label}_mb_per_s"] = megabytes / statistics.median(runs)
+        result[f"{label}_seconds"] = runs
+    two, one = result["two_processes_mb_per_s"], result["one_process_mb_per_s"]
+    result["two_process_speedup"] = two / one
+    log(f"end to end, two processes: {result['two_process_speedup']:.2f}x one process")
+    return result
