@@ -579,11 +579,17 @@ class WriteTxn(ReadTxn):
             return
         store, txn = self._store, self.txn
         ids = [doc_id for doc_id, _ in found]
-        rows = self._band_key_rows(self._signatures_of(ids))
+        keys = band_keys(self._signatures_of(ids), store.banding, store.config.seed)
+        id_values = np.frombuffer(b"".join(ids), dtype=">u8")
         with self._writing():
             for band in range(store.banding.bands):
                 db = store._band_dbs[band]
-                for band_key, doc_id in sorted(zip([row[band] for row in rows], ids, strict=True)):
+                order = np.lexsort((id_values, keys[:, band]))
+                for band_key, doc_id in zip(
+                    codec.band_key_bytes(keys[order, band]),
+                    codec.band_key_bytes(id_values[order]),
+                    strict=True,
+                ):
                     txn.delete(band_key, doc_id, db=db)
             for doc_id in ids:
                 txn.delete(doc_id, db=store._docs_db)
@@ -718,21 +724,21 @@ class WriteTxn(ReadTxn):
         keys = list(keys)
         for key in keys:
             codec.key_bytes(key)
-        # Every key is looked up before the first removal, so a missing one changes nothing;
-        # then a key listed twice is removed once.
-        if not missing_ok:
-            for key in keys:
-                if self._lookup(key) is None:
-                    raise KeyNotFoundError(key)
-        return int(self._run(self._remove_found, keys))
+        return int(self._run(self._remove_found, keys, missing_ok))
 
-    def _remove_found(self, keys: Sequence[Key]) -> int:
-        """Remove the stored ones among ``keys`` (each once); returns how many."""
+    def _remove_found(self, keys: Sequence[Key], missing_ok: bool) -> int:
+        """Remove the stored ones among ``keys`` (each once); returns how many.
+
+        Every key is looked up before the first removal, so a missing one (unless
+        ``missing_ok``) raises with nothing changed; a key listed twice is removed once.
+        """
         found: dict[bytes, bytes] = {}
         for key in keys:
             hit = self._lookup(key)
             if hit is not None:
                 found[bytes(hit[0])] = hit[1]
+            elif not missing_ok:
+                raise KeyNotFoundError(key)
         self._delete_many(sorted(found.items()))
         return len(found)
 
