@@ -41,6 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="leave a section out (repeatable)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-install", action="store_true", help="do not build the venv")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="only print the Markdown report of an earlier run's JSON")  # fmt: skip
     args = parser.parse_args(argv)
     if args.large is None:
         args.large = 10_000_000 if args.long else (100_000 if args.quick else 1_000_000)
@@ -49,6 +51,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        report = json.loads(args.render.read_text())
+        report["targets"] = targets(report)
+        print(render(report))
+        return 0
     cpu = sig_bench.pin_to_one_core()
     problem = None if args.no_install else sig_bench.enter_bench_venv()
     sys.path.insert(0, str(sig_bench.REPO_ROOT))
@@ -157,6 +164,20 @@ def _throughput(report: dict[str, Any], key: str, figure: str) -> float | None:
     return None
 
 
+def _cpu_mb_per_s(row: dict[str, Any], megabytes: float) -> float:
+    """MB per CPU second (median of the passes): what the code costs, whatever share of
+    the core a loaded machine's scheduler gave it during that pass."""
+    return megabytes / sorted(row["cpu_seconds"])[len(row["cpu_seconds"]) // 2]
+
+
+def _cpu_throughput(report: dict[str, Any], key: str, figure: str) -> float | None:
+    megabytes = _get(report, "signatures", "corpus", "megabytes")
+    for row in _get(report, "signatures", "throughput") or []:
+        if row["key"] == key and row["figure"] == figure:
+            return _cpu_mb_per_s(row, megabytes)
+    return None
+
+
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target of the brief, its measured figure, and whether it is met."""
     rows: list[dict[str, Any]] = []
@@ -172,13 +193,27 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
          and row["key"] != "rensa-rho"),
         default=None,
     )  # fmt: skip
-    if ours and fastest:
+    megabytes = _get(report, "signatures", "corpus", "megabytes")
+    cpu_ours = _cpu_throughput(report, "ours-oph", "raw text")
+    cpu_dsk = _cpu_throughput(report, "datasketch-bulk", "end-to-end")
+    cpu_fastest = max(
+        (_cpu_mb_per_s(row, megabytes) for row in _get(report, "signatures", "throughput") or []
+         if row["system"] == "rensa" and row["figure"] == "end-to-end"
+         and row["key"] != "rensa-rho"),
+        default=None,
+    )  # fmt: skip
+    # Judged on CPU time: on a machine loaded by other jobs, wall-clock passes of different
+    # methods got very different shares of the pinned core; both figures are shown.
+    if ours and fastest and cpu_ours and cpu_fastest:
         add("text→signature ≥ 4× rensa's fastest Python-facing path",
-            f"{ours:.1f} vs {fastest:.2f} MB/s = {ours / fastest:.1f}×",
-            ours >= 4 * fastest)  # fmt: skip
-    if ours and dsk:
+            f"CPU time {cpu_ours:.1f} vs {cpu_fastest:.2f} MB/s = {cpu_ours / cpu_fastest:.1f}×; "
+            f"wall {ours:.1f} vs {fastest:.2f} MB/s = {ours / fastest:.1f}×",
+            cpu_ours >= 4 * cpu_fastest)  # fmt: skip
+    if ours and dsk and cpu_ours and cpu_dsk:
         add("text→signature ≥ 25× datasketch MinHash.bulk",
-            f"{ours:.1f} vs {dsk:.2f} MB/s = {ours / dsk:.1f}×", ours >= 25 * dsk)  # fmt: skip
+            f"CPU time {cpu_ours:.1f} vs {cpu_dsk:.2f} MB/s = {cpu_ours / cpu_dsk:.1f}×; "
+            f"wall {ours:.1f} vs {dsk:.2f} MB/s = {ours / dsk:.1f}×",
+            cpu_ours >= 25 * cpu_dsk)  # fmt: skip
     mine = _get(report, "store_ours")
     mem = _get(report, "store_datasketch_memory")
     red = _get(report, "store_datasketch_redis")
@@ -272,13 +307,14 @@ def render(report: dict[str, Any]) -> str:
             f"### Text → signature ({c['docs']} real documents, {c['megabytes']:.1f} MB, "
             f"median of {sigs['settings']['repeats']})",
             "",
-            "| system | method | figure | docs/s | MB/s |",
-            "|---|---|---|---:|---:|",
+            "| system | method | figure | docs/s | MB/s (wall) | MB per CPU second |",
+            "|---|---|---|---:|---:|---:|",
         ]
         for row in sigs["throughput"]:
             lines.append(
                 f"| {row['system']} | {row['label']} | {row['figure']} | "
-                f"{row['docs_per_s']:.0f} | {row['mb_per_s']:.2f} |"
+                f"{row['docs_per_s']:.0f} | {row['mb_per_s']:.2f} | "
+                f"{_cpu_mb_per_s(row, c['megabytes']):.2f} |"
             )
         lines.append("")
     e2e = _get(report, "end_to_end")
