@@ -572,7 +572,9 @@ class WriteTxn(ReadTxn):
         """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
         seen: set[bytes] = set()
         for doc in prepared:
-            if doc.index in seen or self.txn.get(doc.index, db=self._store._keys_db) is not None:
+            if doc.index in seen:
+                raise DuplicateKeyError(doc.key, in_batch=True)
+            if self.txn.get(doc.index, db=self._store._keys_db) is not None:
                 raise DuplicateKeyError(doc.key)
             seen.add(doc.index)
 
@@ -657,7 +659,8 @@ class WriteTxn(ReadTxn):
 
 
 class _Poisoner:
-    """Marks the transaction unusable if the block raises after writes began."""
+    """Marks the transaction unusable if the block raises after writes began, and turns
+    an LMDB error (a put the engine rejected) into a typed one."""
 
     def __init__(self, owner: WriteTxn) -> None:
         self._owner = owner
@@ -668,8 +671,13 @@ class _Poisoner:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, _: Any
     ) -> None:
-        if kind is not None and not issubclass(kind, lmdb.MapFullError):
-            self._owner._poisoned = f"{kind.__name__}: {error}"
+        if kind is None or issubclass(kind, lmdb.MapFullError):
+            return
+        cause = f"{kind.__name__}: {error}"
+        self._owner._poisoned = cause
+        if isinstance(error, lmdb.Error):  # an engine error must not reach the caller raw
+            typed = self._owner._store._translate(error)
+            raise (typed if typed is not error else TransactionAbortedError(cause)) from error
 
 
 def _item(entry: object) -> tuple[object, object, object]:
