@@ -50,8 +50,8 @@ objects. First a header map ``{"format": "neardup_store-export", "version": 1, "
 bytes (uint32 LE), metadata or nil]`` where key is a msgpack str or bin exactly as stored.
 
 Nothing is ever unpickled: msgpack is decoded with ``raw=False``, ``strict_map_key=True``
-and an extension hook that refuses every extension type, so reading a file cannot run
-code. Stored values are decoded with every length bounded by the value's size; export
+and no hooks (an extension type decodes to an inert ``ExtType`` value), so reading a file
+cannot run code. Stored values are decoded with every length bounded by the value's size; export
 streams with explicit limits (:func:`stream_unpacker`), so a crafted file cannot make the
 reader allocate more than about a megabyte per object.
 """
@@ -168,16 +168,10 @@ def pack_metadata(metadata: object) -> bytes | None:
     return packed
 
 
-def _refuse_ext(code: int, data: bytes) -> Any:
-    """``ext_hook`` for every decoder: stored and exported values never hold extension
-    types, so one in the input is crafted or corrupt, never something to interpret."""
-    raise ValueError(f"msgpack extension type {code} is not allowed")
-
-
 def _unpack(data: bytes) -> Any:
     # unpackb bounds every declared length by len(data), so decoding takes memory
     # proportional to the input; nesting is bounded by msgpack's own stack (StackError).
-    return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    return msgpack.unpackb(data, raw=False, strict_map_key=True)
 
 
 @dataclass(frozen=True)
@@ -295,14 +289,14 @@ STREAM_MAX_ITEMS = MAX_METADATA_BYTES
 
 
 def stream_unpacker(stream: Any) -> msgpack.Unpacker:
-    """A safe msgpack reader for an export stream: no code execution (no extension
-    types, no object hooks) and bounded memory (every declared length is checked against
-    a limit before anything is allocated for it)."""
+    """A safe msgpack reader for an export stream: no code execution (no hooks: an
+    extension type comes back as inert ``ExtType`` data) and bounded memory (no object
+    may need more than :data:`STREAM_MAX_OBJECT_BYTES` of buffer, and every declared
+    length is checked against a limit)."""
     return msgpack.Unpacker(
         stream,
         raw=False,
         strict_map_key=True,
-        ext_hook=_refuse_ext,
         max_buffer_size=STREAM_MAX_OBJECT_BYTES,
         max_bin_len=STREAM_MAX_OBJECT_BYTES // 2,
         max_str_len=STREAM_MAX_OBJECT_BYTES // 2,

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 from bad_input_cases import (
@@ -380,10 +381,10 @@ def test_package_never_loads_code_from_data() -> None:
     assert found == {}
 
 
-def test_every_msgpack_decoder_refuses_extensions_and_bounds_lengths() -> None:
-    """Every msgpack decoding call in the package is in codec.py and passes the
-    refusing ``ext_hook``; the stream reader also passes every length limit (the
-    one-shot ``unpackb`` bounds them by the input's length itself)."""
+def test_every_msgpack_decoder_has_no_hooks_and_bounded_lengths() -> None:
+    """Every msgpack decoding call in the package is in codec.py and installs no hook
+    (so nothing in the data chooses code to run); the stream reader also passes every
+    length limit (the one-shot ``unpackb`` bounds them by the input's length itself)."""
     calls: list[tuple[str, str, set[str]]] = []
     for name, source in _package_sources().items():
         for node in ast.walk(ast.parse(source)):
@@ -397,8 +398,8 @@ def test_every_msgpack_decoder_refuses_extensions_and_bounds_lengths() -> None:
     assert calls and {name for name, _, _ in calls} == {"codec.py"}
     limits = {"max_buffer_size", "max_bin_len", "max_str_len", "max_array_len", "max_map_len"}
     for _, function, keywords in calls:
-        assert {"ext_hook", "raw", "strict_map_key"} <= keywords
-        assert "object_hook" not in keywords and "list_hook" not in keywords
+        assert {"raw", "strict_map_key"} <= keywords
+        assert not keywords & {"ext_hook", "object_hook", "object_pairs_hook", "list_hook"}
         if function == "Unpacker":
             assert limits <= keywords
 
@@ -421,6 +422,19 @@ def test_crafted_stream_cannot_make_the_reader_allocate_what_it_declares(
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert peak < len(data) + 4 * codec.STREAM_MAX_OBJECT_BYTES
+
+
+def test_extension_types_import_as_inert_data(tmp_path: Path) -> None:
+    """Stores may already hold ``ExtType`` metadata (tests/test_format.py pins that it
+    reads back as data), so an export carrying one imports it as data: no hook runs."""
+    from bad_input_cases import GOOD_SIG_BYTES, crafted_stream
+
+    payload = msgpack.ExtType(5, b"\x80\x04 would be a pickle")
+    record = msgpack.packb(["new-1", GOOD_SIG_BYTES, payload], use_bin_type=True)
+    make_store(tmp_path / "s")
+    with Store.open(tmp_path / "s") as store:
+        assert store.import_(io.BytesIO(crafted_stream(record)())) == 1
+        assert store.get("new-1").metadata == payload
 
 
 # -- owner-only permissions -----------------------------------------------------------------------
