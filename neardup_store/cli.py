@@ -211,6 +211,13 @@ def _source_texts(items: list[tuple[Any, str]], stream: IO[str]) -> Callable[[An
 @click.option("--strip/--no-strip", default=True, show_default=True, help="Strip the ends.")
 @click.option("--bands", type=int, default=None, help="Explicit bands (with --rows).")
 @click.option("--rows", type=int, default=None, help="Explicit rows (with --bands).")
+@click.option(
+    "--mode",
+    default="700",
+    show_default=True,
+    help="Octal permissions of the store directory (files: the same without x); "
+    "750 lets the group read it.",
+)
 @_json_option
 def init(
     path: str,
@@ -227,6 +234,7 @@ def init(
     strip: bool,
     bands: int | None,
     rows: int | None,
+    mode: str,
     as_json: bool,
 ) -> None:
     """Create a new, empty store and print the banding chosen for it.
@@ -238,7 +246,12 @@ def init(
     Example:
         neardup-admin init ./corpus.ndx --threshold 0.8 --num-perm 256
         neardup-admin init ./words.ndx --shingle-kind word --shingle-size 3 --bands 32 --rows 4
+        neardup-admin init ./shared.ndx --mode 750
     """
+    try:
+        permissions = int(mode, 8)
+    except ValueError:
+        raise InputError(f"--mode {mode!r} is not an octal number such as 700 or 750") from None
     try:
         Store.open(path, read_only=True).close()
     except StoreNotFoundError:
@@ -264,6 +277,7 @@ def init(
         shingles=shingles,
         bands=bands,
         rows=rows,
+        mode=permissions,
     ) as store:
         params = store.params
     summary = render.banding_summary(params.banding, params.threshold)

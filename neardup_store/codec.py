@@ -49,8 +49,11 @@ objects. First a header map ``{"format": "neardup_store-export", "version": 1, "
 …, "banding": …, "package_version": …}``, then one array per document ``[key, signature
 bytes (uint32 LE), metadata or nil]`` where key is a msgpack str or bin exactly as stored.
 
-Nothing is ever unpickled: msgpack is decoded with ``raw=False`` and
-``strict_map_key=True`` and no extension hook, so reading a file cannot run code.
+Nothing is ever unpickled: msgpack is decoded with ``raw=False``, ``strict_map_key=True``
+and no hooks (an extension type decodes to an inert ``ExtType`` value), so reading a file
+cannot run code. Stored values are decoded with every length bounded by the value's size; export
+streams with explicit limits (:func:`stream_unpacker`), so a crafted file cannot make the
+reader allocate more than about a megabyte per object.
 """
 
 from __future__ import annotations
@@ -174,6 +177,8 @@ def pack_metadata(metadata: object) -> bytes | None:
 
 
 def _unpack(data: bytes) -> Any:
+    # unpackb bounds every declared length by len(data), so decoding takes memory
+    # proportional to the input; nesting is bounded by msgpack's own stack (StackError).
     return msgpack.unpackb(data, raw=False, strict_map_key=True)
 
 
@@ -282,8 +287,27 @@ def export_record(record: DocumentRecord) -> bytes:
     )
 
 
+STREAM_MAX_OBJECT_BYTES = 1 << 20
+"""The largest object an export stream may hold: a record is at most a key
+(:data:`MAX_KEY_BYTES`), a signature (4 bytes × 8192) and metadata
+(:data:`MAX_METADATA_BYTES`), about 112 KiB, so 1 MiB leaves room and bounds the memory a
+crafted stream can make the reader take."""
+STREAM_MAX_ITEMS = MAX_METADATA_BYTES
+"""Elements of one array or map: metadata of 64 KiB cannot hold more."""
+
+
 def stream_unpacker(stream: Any) -> msgpack.Unpacker:
-    """A safe msgpack reader for an export stream (no code execution, bounded buffers)."""
+    """A safe msgpack reader for an export stream: no code execution (no hooks: an
+    extension type comes back as inert ``ExtType`` data) and bounded memory (no object
+    may need more than :data:`STREAM_MAX_OBJECT_BYTES` of buffer, and every declared
+    length is checked against a limit)."""
     return msgpack.Unpacker(
-        stream, raw=False, strict_map_key=True, max_buffer_size=64 * 1024 * 1024
+        stream,
+        raw=False,
+        strict_map_key=True,
+        max_buffer_size=STREAM_MAX_OBJECT_BYTES,
+        max_bin_len=STREAM_MAX_OBJECT_BYTES // 2,
+        max_str_len=STREAM_MAX_OBJECT_BYTES // 2,
+        max_array_len=STREAM_MAX_ITEMS,
+        max_map_len=STREAM_MAX_ITEMS,
     )

@@ -142,11 +142,15 @@ class MetadataError(NeardupError, ValueError):
 
 
 class DuplicateKeyError(NeardupError, ValueError):
-    """The key is already in the store."""
+    """The key is already in the store, or repeats within one batch (``in_batch``)."""
 
-    def __init__(self, key: object) -> None:
-        super().__init__(f"key {key!r} is already in the store; pass replace=True to overwrite it")
-        self.key = key
+    def __init__(self, key: object, in_batch: bool = False) -> None:
+        if in_batch:
+            message = f"key {key!r} appears more than once in the batch; give each item its own key"
+        else:
+            message = f"key {key!r} is already in the store; pass replace=True to overwrite it"
+        super().__init__(message)
+        self.key, self.in_batch = key, in_batch
 
 
 class KeyNotFoundError(NeardupError, KeyError):

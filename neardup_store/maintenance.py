@@ -21,6 +21,7 @@ import fcntl
 import heapq
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -487,11 +488,18 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
 
         try:
             store._require_env().copy(str(scratch), compact=True)
+            _keep_mode(data, scratch / "data.mdb")
             _fsync(scratch / "data.mdb")
             _reopen(store, _max_dbs(store.banding.bands), swap)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return CompactReport(before, data.stat().st_size)
+
+
+def _keep_mode(original: Path, copy: Path) -> None:
+    """Give an LMDB copy the original's permissions: LMDB creates it 0o666 less the umask,
+    which would turn an owner-only store readable by everyone."""
+    os.chmod(copy, stat.S_IMODE(original.stat().st_mode))
 
 
 def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
@@ -506,11 +514,12 @@ def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
     target = Path(path)
     if target.exists() and (not target.is_dir() or (target / "data.mdb").exists()):
         raise InvalidParameterError("path", str(target), "a new or empty directory")
-    target.mkdir(parents=True, exist_ok=True)
+    target.mkdir(parents=True, exist_ok=True, mode=stat.S_IMODE(store.path.stat().st_mode))
     env = store._require_env()
     with store.read() as reader:
         documents = len(reader)
         env.copy(str(target), compact=True, txn=reader.txn)
+    _keep_mode(store.path / "data.mdb", target / "data.mdb")
     _fsync(target / "data.mdb")
     return BackupReport(str(target), documents, (target / "data.mdb").stat().st_size)
 

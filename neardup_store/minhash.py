@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from . import streamed
 from .errors import InvalidParameterError
 from .hashing import BLOCK, U64, derive_keys, fmix64, high_bits_below
 from .text import ShingleBatch, ShingleConfig, Shingler, check_batch
@@ -98,8 +99,13 @@ def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:
     """``[lo, hi)`` ranges of documents holding about ``_CHUNK_CHARACTERS`` characters."""
     lo, size = 0, 0
     for i, doc in enumerate(documents):
-        size += len(doc) if isinstance(doc, (str, bytes, bytearray)) else 1
-        if size >= _CHUNK_CHARACTERS:
+        length = len(doc) if isinstance(doc, (str, bytes, bytearray)) else 1
+        long = length > streamed.STREAM_MIN_CHARACTERS  # signed alone, in pieces
+        if long and lo < i:
+            yield lo, i
+            lo, size = i, 0
+        size += length
+        if size >= _CHUNK_CHARACTERS or long:
             yield lo, i + 1
             lo, size = i + 1, 0
     if lo < len(documents):
@@ -151,7 +157,9 @@ class MinHasher:
         check_batch(documents)
         docs = list(documents)
         parts = [
-            self.signatures_from_hashes(self.shingler.hash_batch(docs[lo:hi], encoding, lo))
+            streamed.signature(self, docs[lo], encoding, lo)[None, :]
+            if hi - lo == 1 and streamed.streams(self.config.shingles, docs[lo])
+            else self.signatures_from_hashes(self.shingler.hash_batch(docs[lo:hi], encoding, lo))
             for lo, hi in _chunks(docs)
         ]
         if not parts:
@@ -187,6 +195,11 @@ class MinHasher:
     # -- one-permutation with optimal densification ----------------------------------------
 
     def _oph(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
+        return self._oph_finish(self._oph_bins(batch), np.diff(batch.offsets) > 0)
+
+    def _oph_bins(self, batch: ShingleBatch) -> npt.NDArray[np.uint64]:
+        """Each bin's minimum (``_EMPTY_BIN`` if none), ``n_docs * num_perm`` values:
+        minima that :mod:`.streamed` folds over the pieces of a long document."""
         k, n_docs = self.num_perm, len(batch)
         hashes, offsets = batch.hashes, batch.offsets
         first_bin = np.repeat(np.arange(0, n_docs * k, k, dtype=np.int64), np.diff(offsets))
@@ -203,10 +216,16 @@ class MinHasher:
             np.add(first_bin[lo : lo + n], value[:n], out=index[:n], casting="unsafe")
             np.bitwise_and(block, U64(0xFFFFFFFF), out=value[:n])
             np.minimum.at(bins, index[:n], value[:n])
+        return bins
+
+    def _oph_finish(
+        self, bins: npt.NDArray[np.uint64], has_shingles: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.uint32]:
+        """Densified signatures, ``(n_docs, num_perm)``, from :meth:`_oph_bins`."""
         signature = bins.copy()
-        self._densify(signature, bins, has_shingles=np.diff(offsets) > 0)
+        self._densify(signature, bins, has_shingles=has_shingles)
         signature[signature == _EMPTY_BIN] = EMPTY_VALUE
-        return signature.astype(np.uint32).reshape(n_docs, k)
+        return signature.astype(np.uint32).reshape(len(has_shingles), self.num_perm)
 
     def _densify(
         self,

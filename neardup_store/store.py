@@ -64,6 +64,9 @@ DEFAULT_MAP_SIZE = 1 << 30
 """Initial map size (1 GiB of address space; the file only grows with its data)."""
 MIN_FREE_FRACTION = 0.25
 RESIZE_WAIT_S = 60.0
+DEFAULT_MODE = 0o700
+"""Permissions of a new store's directory; its files get the same without execute bits
+(0o600). Owner-only by default: a store holds the keys and metadata of private documents."""
 LOCK_FILE = "neardup.lock"
 CREATE_LOCK_FILE = "neardup.create.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -81,8 +84,11 @@ class Store:
         ['a']
     """
 
-    def __init__(self, path: Path, read_only: bool, durable: bool) -> None:
+    def __init__(
+        self, path: Path, read_only: bool, durable: bool, mode: int = DEFAULT_MODE
+    ) -> None:
         self.path = path
+        self.mode = mode
         self.read_only = read_only
         self.durable = durable
         self._pid = os.getpid()
@@ -116,6 +122,7 @@ class Store:
         map_size: int | None = None,
         durable: bool = True,
         max_readers: int = 126,
+        mode: int = DEFAULT_MODE,
     ) -> Store:
         """Open the store at ``path`` (a directory), creating it if asked.
 
@@ -123,6 +130,11 @@ class Store:
         creating; on a reopen they may be omitted, and any that are passed must equal the
         stored ones. Unset ones default to threshold 0.8, num_perm 128, scheme ``oph``,
         seed 1, character 5-shingles, and bands/rows from :func:`choose_params`.
+
+        ``mode`` sets the permissions of a store this call creates: the directory gets
+        ``mode`` and the files ``mode`` without execute bits, less the process umask
+        (like ``mkdir``). The default 0o700 makes the store owner-only; 0o750 lets the
+        owner's group read it. An existing store keeps its permissions.
 
         Raises:
             StoreNotFoundError: nothing at ``path`` and ``create`` is false.
@@ -134,12 +146,17 @@ class Store:
             raise InvalidParameterError("create", create, "False when read_only=True")
         if map_size is not None and (not isinstance(map_size, int) or map_size < 1 << 16):
             raise InvalidParameterError("map_size", map_size, "an integer of at least 65536 bytes")
+        if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o777 or mode < 0o700:
+            shown = oct(mode) if isinstance(mode, int) else mode
+            raise InvalidParameterError(
+                "mode", shown, "permission bits in [0o700, 0o777]: the owner needs rwx"
+            )
         directory = Path(path)
         asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
         if directory.exists() and not directory.is_dir():
             raise NotAStoreError(str(directory), "it is a file, not a store directory")
-        store = cls(directory, read_only, durable)
-        with _creation_lock(directory, create):
+        store = cls(directory, read_only, durable, mode)
+        with _creation_lock(directory, create, mode):
             exists = (directory / "data.mdb").exists()
             if not exists and not create:
                 raise StoreNotFoundError(str(directory))
@@ -154,9 +171,10 @@ class Store:
         return store
 
     def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True, mode=self.mode)
         if self._lock_fd is None:
-            self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            flags, file_mode = os.O_RDWR | os.O_CREAT, self.mode & 0o666
+            self._lock_fd = os.open(self.path / LOCK_FILE, flags, file_mode)
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
         try:
             env = lmdb.open(
@@ -171,6 +189,7 @@ class Store:
                 writemap=False,  # a full disk must be an error, not SIGBUS
                 meminit=False,
                 create=not self.read_only,
+                mode=self.mode & 0o666,
             )
         except lmdb.Error as err:
             if "already open in this process" in str(err):
@@ -678,13 +697,13 @@ class Store:
 
 
 @contextmanager
-def _creation_lock(directory: Path, create: bool) -> Iterator[None]:
+def _creation_lock(directory: Path, create: bool, mode: int) -> Iterator[None]:
     """Serialise processes that may create the store, so none sees it half made."""
     if not create:
         yield
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / CREATE_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    directory.mkdir(parents=True, exist_ok=True, mode=mode)
+    fd = os.open(directory / CREATE_LOCK_FILE, os.O_RDWR | os.O_CREAT, mode & 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -97,6 +97,11 @@ class _ExportReader:
                     f"the stream ends inside object #{self._position} (truncated?)"
                 ) from None
             raise
+        except msgpack.BufferFull:
+            raise InvalidStreamError(
+                f"object #{self._position} is larger than {codec.STREAM_MAX_OBJECT_BYTES} "
+                "bytes, more than any export record can be (crafted or corrupt?)"
+            ) from None
         except (msgpack.UnpackException, ValueError) as err:
             raise InvalidStreamError(
                 f"object #{self._position} is not valid msgpack ({err})"

@@ -691,7 +691,7 @@ class WriteTxn(ReadTxn):
         seen: set[bytes] = set()
         for doc in prepared:
             if doc.index in seen:
-                raise DuplicateKeyError(doc.key)
+                raise DuplicateKeyError(doc.key, in_batch=True)
             seen.add(doc.index)
         # One sorted multi-get for the whole batch instead of a lookup per key.
         with self.txn.cursor(db=self._store._keys_db) as cursor:
@@ -790,7 +790,8 @@ class WriteTxn(ReadTxn):
 
 
 class _Poisoner:
-    """Marks the transaction unusable if the block raises after writes began."""
+    """Marks the transaction unusable if the block raises after writes began, and turns
+    an LMDB error (a put the engine rejected) into a typed one."""
 
     def __init__(self, owner: WriteTxn) -> None:
         self._owner = owner
@@ -801,8 +802,13 @@ class _Poisoner:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, _: Any
     ) -> None:
-        if kind is not None and not issubclass(kind, lmdb.MapFullError):
-            self._owner._poisoned = f"{kind.__name__}: {error}"
+        if kind is None or issubclass(kind, lmdb.MapFullError):
+            return
+        cause = f"{kind.__name__}: {error}"
+        self._owner._poisoned = cause
+        if isinstance(error, lmdb.Error):  # an engine error must not reach the caller raw
+            typed = self._owner._store._translate(error)
+            raise (typed if typed is not error else TransactionAbortedError(cause)) from error
 
 
 def _item(entry: object) -> tuple[object, object, object]:
