@@ -243,15 +243,25 @@ class CrashLoop:
         most = {"after-put": 60, "after-bands": 60, "after-remove": 40}.get(point, 6)
         return f"{point}:{int(self.rng.integers(1, most + 1))}"
 
-    def run(self, kills: int, fault_share: float = 0.25, progress: bool = False) -> Summary:
+    def run(
+        self,
+        kills: int,
+        fault_share: float = 0.25,
+        progress: bool = False,
+        max_seconds: float | None = None,
+    ) -> Summary:
         """Kill ``kills`` times; a fresh store starts with the creation and growth points.
 
         A ``fault_share`` of the rounds use a random fault point, the rest kill from
         outside. A fault point not reached within :data:`FAULT_ROUND_LIMIT` batches ends
-        its round without a kill, so rounds continue until ``kills`` kills happened.
+        its round without a kill, so rounds continue until ``kills`` kills happened, or
+        until ``max_seconds`` have passed (the summary then says how many there were).
         """
         opening = [] if (self.path / "data.mdb").exists() else list(OPENING_FAULTS)
+        began = time.monotonic()
         while self.summary.kills < kills:
+            if max_seconds is not None and time.monotonic() - began > max_seconds:
+                break
             if opening:
                 fault: str | None = opening.pop(0)
             elif self.rng.random() < fault_share:
