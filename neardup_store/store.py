@@ -231,8 +231,9 @@ class Store:
             if not create:
                 raise NotAStoreError(
                     str(self.path),
-                    "an empty LMDB environment: its creation was interrupted before it "
-                    "committed; open it with create=True to create the store",
+                    "an empty LMDB environment: its creation has not committed (it was "
+                    "interrupted, or another process is still creating it); open it with "
+                    "create=True to create the store",
                 )
             self._create(resolve_params(*asked), map_size, max_readers)
             return

@@ -9,7 +9,7 @@ Batch ``s`` is a pure function of (SEED, s), see :func:`batch`:
 
 * removes (if present) what is left of batch ``s - WINDOW`` and two keys of recent batches;
 * adds texts (near-copies of a few base paragraphs, so shingling runs and band buckets are
-  shared), one of them under a key long enough for a hashed key index;
+  shared), in every third batch one under a key long enough for a hashed key index;
 * adds precomputed signatures under ``bytes`` keys, some near-copies of each other;
 * replaces one recent document (``replace=True``: a delete and an insert);
 * replaces the marker document :data:`MARKER` whose metadata is ``{"s": s}``: the store

@@ -128,7 +128,7 @@ def test_a_creation_killed_before_its_commit_can_be_created_again(tmp_path: Path
     assert _create_in_child(path, "before-create:1") == -signal.SIGKILL
     assert (path / "data.mdb").exists()
 
-    with pytest.raises(NotAStoreError, match=r"creation was interrupted.*create=True"):
+    with pytest.raises(NotAStoreError, match=r"creation has not committed.*create=True"):
         Store.open(path)
     with Store.open(path, create=True, **STORE_OPTIONS) as store:
         store.add("a", "a document written after the crash")
