@@ -42,10 +42,11 @@ WRITER = TESTS_DIR / "crash_writer.py"
 IN_TRANSACTION = ("after-put", "after-bands", "after-remove", "before-commit")
 """Fault points inside a write transaction: the batch in progress must vanish."""
 FAULT_POINTS = (*IN_TRANSACTION, "after-commit", "after-grow", "before-create")
-OPENING_FAULTS = ("before-create:1", "after-grow:1", "after-grow:1")
+OPENING_FAULTS = ("before-create:1", "after-grow:1", "after-grow:2")
 """A fresh store's first rounds: a creation killed before its commit, then kills right
-after the map grew (on a fresh store, while its first batches are redone after running
-out of room)."""
+after the map grew. On a fresh store the first two growths happen when batches 0 and 1 run
+out of room (``MapFullError``) and are about to be redone; the second writer run dies at
+the first, so the third, starting again from batch 0, is armed for the second."""
 FAULT_ROUND_LIMIT = 40
 """A fault round's writer stops after this many batches if its point was not reached."""
 ACK_TIMEOUT_S = 120.0  # generous: the machine may be loaded; a stall is still a failure

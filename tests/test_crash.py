@@ -25,10 +25,19 @@ from pathlib import Path
 import lmdb
 import pytest
 from crash_loop_core import FAULT_POINTS, OPENING_FAULTS, PROJECT_ROOT, CrashLoop
-from crash_writer import ACK_EARLY, STORE_OPTIONS, ModelBuilder, expected_model
+from crash_writer import (
+    ACK_EARLY,
+    CREATE_MAP_SIZE,
+    STORE_OPTIONS,
+    ModelBuilder,
+    batch,
+    expected_model,
+    write_batch,
+)
 from harness import orphan_band_entries
 
 from neardup_store import NotAStoreError, Store, _faults, codec
+from neardup_store.txn import WriteTxn
 
 # Every fault point once (the opening ones hit a fresh store), between 12 kills from outside.
 CI_SCHEDULE: list[str | None] = [
@@ -67,6 +76,29 @@ def test_kills_at_random_moments_and_at_every_fault_point_lose_nothing(tmp_path:
     assert summary.acknowledged_commits > 0 and summary.last_committed >= 0
     # The last round left the store at the model's state with the marker of that batch.
     assert expected_model(7, summary.last_committed).differences(tmp_path / "store") == []
+
+
+def test_the_growth_fault_points_of_a_fresh_store_fall_inside_a_redone_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # OPENING_FAULTS relies on this: the first two map growths of the crash store are the
+    # ones that redo a batch after MapFullError (LMDB's failed transaction is dead).
+    growths: list[str] = []
+    redo = WriteTxn._redo_after_growth
+
+    def counted(self: WriteTxn) -> None:
+        growths.append("redo")
+        redo(self)
+
+    monkeypatch.setattr(WriteTxn, "_redo_after_growth", counted)
+    options = {"create": True, "map_size": CREATE_MAP_SIZE, **STORE_OPTIONS}
+    with Store.open(tmp_path / "store", **options) as store:
+        epochs = []
+        for s in range(2):
+            write_batch(store, batch(7, s))
+            epochs.append(store.map_epoch)
+    assert growths == ["redo", "redo"] and epochs == [1, 2]
+    assert expected_model(7, 1).differences(tmp_path / "store") == []
 
 
 def test_the_loop_notices_an_acknowledged_commit_that_is_not_stored(tmp_path: Path) -> None:
