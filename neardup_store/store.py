@@ -37,7 +37,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from . import codec
+from . import _faults, codec
 from ._version import __version__
 from .errors import (
     ForkedStoreError,
@@ -162,7 +162,7 @@ class Store:
                 raise StoreNotFoundError(str(directory))
             try:
                 if exists:
-                    store._open_existing(asked, map_size, max_readers)
+                    store._open_existing(asked, map_size, max_readers, create)
                 else:
                     store._create(resolve_params(*asked), map_size, max_readers)
             except BaseException:
@@ -203,8 +203,10 @@ class Store:
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
         size = map_size or DEFAULT_MAP_SIZE
         env = self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
-        meta_db = env.open_db(codec.META_DB)
+        # Every table is made in the one transaction that writes the meta entries, so a
+        # crash before its commit leaves an empty environment, which a create may reuse.
         with env.begin(write=True) as txn:
+            meta_db = env.open_db(codec.META_DB, txn=txn)
             if txn.get(b"format", db=meta_db) is not None:
                 raise NotAStoreError(str(self.path), "created concurrently by another process")
             values = {
@@ -229,16 +231,31 @@ class Store:
             env.open_db(codec.KEYS_DB, txn=txn)
             for band in range(params.banding.bands):
                 env.open_db(codec.band_table_name(0, band), txn=txn, dupsort=True, dupfixed=True)
+            _faults.checkpoint("before-create")
         self._attach(params, generation=0)
 
     def _open_existing(
-        self, asked: tuple[Any, ...], map_size: int | None, max_readers: int
+        self, asked: tuple[Any, ...], map_size: int | None, max_readers: int, create: bool
     ) -> None:
         probe = self._open_env(4, map_size or DEFAULT_MAP_SIZE, max_readers)
         try:
-            meta = self._read_all_meta(probe)
+            unfinished = _never_created(probe)
+            if not unfinished:
+                meta = self._read_all_meta(probe)
         finally:
             probe.close()
+        if unfinished:
+            # A process died while creating the store: nothing was committed, so there is
+            # nothing to keep, and refusing would leave the directory unusable for good.
+            if not create:
+                raise NotAStoreError(
+                    str(self.path),
+                    "an empty LMDB environment: its creation has not committed (it was "
+                    "interrupted, or another process is still creating it); open it with "
+                    "create=True to create the store",
+                )
+            self._create(resolve_params(*asked), map_size, max_readers)
+            return
         params = self._params_from_meta(meta)
         self._check_asked(params, asked)
         # An explicit map_size is honoured as at creation, but never below the size reached.
@@ -385,6 +402,7 @@ class Store:
                 raise StoreBusyError(str(self.path), "grow the map while reads are running")
             env.set_mapsize(size)
             self.map_epoch += 1
+        _faults.checkpoint("after-grow")
 
     @contextmanager
     def _tracked(self, write: bool) -> Iterator[lmdb.Transaction]:
@@ -694,6 +712,24 @@ class Store:
         from . import maintenance
 
         return maintenance.create_from_export(path, stream, **options)
+
+
+def _never_created(env: lmdb.Environment) -> bool:
+    """Whether ``env`` holds nothing but, at most, an empty ``meta`` table.
+
+    That is what a creation killed before its commit leaves (an empty ``meta`` table too,
+    from stores created before the tables moved into the creating transaction). Another
+    application's environment holds more, so it is still refused.
+    """
+    with env.begin() as txn:
+        names = [bytes(name) for name, _ in txn.cursor()]
+    if not names:
+        return True
+    if names != [codec.META_DB]:
+        return False
+    meta_db = env.open_db(codec.META_DB, create=False)
+    with env.begin() as txn:
+        return int(txn.stat(meta_db)["entries"]) == 0
 
 
 @contextmanager

@@ -23,7 +23,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from . import codec
+from . import _faults, codec
 from .errors import (
     CorruptRecordError,
     DuplicateKeyError,
@@ -475,7 +475,9 @@ class WriteTxn(ReadTxn):
         while True:
             try:
                 self._store._write_counters(self)
+                _faults.checkpoint("before-commit")
                 self._close_txn(commit=True)
+                _faults.checkpoint("after-commit")
                 return
             except lmdb.MapFullError:
                 # The txn is still open if a put failed (a failed commit already ended it;
@@ -522,8 +524,10 @@ class WriteTxn(ReadTxn):
         with self._writing():
             txn.put(doc_id, record, db=store._docs_db, append=True)
             txn.put(doc.index, doc_id, db=store._keys_db)
+            _faults.checkpoint("after-put")
             for band, band_key in enumerate(doc.band_keys):
                 txn.put(band_key, doc_id, db=store._band_dbs[band], dupdata=True)
+            _faults.checkpoint("after-bands")
 
     def _insert_new(self, docs: Sequence[_Prepared]) -> int:
         """Insert documents whose keys are known to be new, one sorted multi-put per table.
@@ -571,6 +575,7 @@ class WriteTxn(ReadTxn):
                 txn.delete(band_key, doc_id, db=store._band_dbs[band])
             txn.delete(doc_id, db=store._docs_db)
             txn.delete(index, db=store._keys_db)
+            _faults.checkpoint("after-remove")
 
     def _delete_many(self, found: Sequence[tuple[bytes, bytes]]) -> None:
         """:meth:`_delete` for many ``(id, key index)`` pairs: band keys in one batch, and

@@ -5,6 +5,7 @@
 * :func:`logical_dump` is what a store *means*: parameters, documents by key, and each
   band's entries by key. It ignores internal ids, the commit counter, the band generation
   and the file layout, so a compacted or rebuilt store must dump equal to the original.
+* :func:`orphan_band_entries` lists band entries that point at no document record.
 * :class:`Model` is an in-memory reference: the documents a store should hold and the
   band entries and query answers that follow from them, computed without the store.
 
@@ -86,6 +87,23 @@ def logical_dump(path: str | Path) -> dict[str, Any]:
 def logical_digest(path: str | Path) -> str:
     """SHA-256 of :func:`logical_dump`."""
     return _digest(logical_dump(path))
+
+
+def orphan_band_entries(path: str | Path) -> list[tuple[bytes, bytes, bytes]]:
+    """(table, band key, document id) of every band entry whose document record is missing.
+
+    Every band table counts, of any generation, so a table a rebuild failed to drop shows
+    up too when it still points at removed documents.
+    """
+    tables = raw_dump(path)
+    ids = {doc_id for doc_id, _ in tables[codec.DOCS_DB]}
+    return [
+        (name, band_key, doc_id)
+        for name, entries in sorted(tables.items())
+        if name.startswith(b"band.")
+        for band_key, doc_id in entries
+        if doc_id not in ids
+    ]
 
 
 @dataclass
