@@ -190,6 +190,19 @@ class StoreBusyError(NeardupError, RuntimeError):
         self.path, self.operation = path, operation
 
 
+class TooManyReadersError(NeardupError, RuntimeError):
+    """Every LMDB reader slot is held by a live process or thread (stale slots of killed
+    processes are reclaimed before this is raised)."""
+
+    def __init__(self, path: str, max_readers: int) -> None:
+        super().__init__(
+            f"{path}: all {max_readers} reader slots are held by running processes or "
+            "threads; end some read transactions, or close every process and reopen with a "
+            "larger max_readers (the first process to open the store sets the limit)"
+        )
+        self.path, self.max_readers = path, max_readers
+
+
 class ForkedStoreError(NeardupError, RuntimeError):
     """A store object was used in a process forked after it was opened."""
 

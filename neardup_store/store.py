@@ -50,6 +50,7 @@ from .errors import (
     StoreClosedError,
     StoreFullError,
     StoreNotFoundError,
+    TooManyReadersError,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
@@ -67,6 +68,14 @@ RESIZE_WAIT_S = 60.0
 LOCK_FILE = "neardup.lock"
 CREATE_LOCK_FILE = "neardup.create.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_OPENED_BY: dict[tuple[int, int] | None, int] = {}
+"""Store directory (device, inode) -> pid of the process whose environment has it open: a
+forked child inherits the map, and must be told it is a child, not that it opened twice."""
+
+
+def _identity(directory: Path) -> tuple[int, int]:
+    info = directory.stat()
+    return info.st_dev, info.st_ino
 
 
 class Store:
@@ -88,6 +97,7 @@ class Store:
         self._pid = os.getpid()
         self._env: lmdb.Environment | None = None
         self._lock_fd: int | None = None
+        self._identity: tuple[int, int] | None = None
         # Map growth must not pull the map from under this process's open transactions.
         self._readers_done = threading.Condition(threading.RLock())
         self._active_readers = 0
@@ -174,11 +184,15 @@ class Store:
             )
         except lmdb.Error as err:
             if "already open in this process" in str(err):
+                if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
+                    raise ForkedStoreError(str(self.path)) from None
                 raise StoreBusyError(
                     str(self.path), "open a second Store on it in this process (reuse the open one)"
                 ) from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
         env.reader_check()  # slots left by killed processes
+        self._identity = _identity(self.path)
+        _OPENED_BY[self._identity] = os.getpid()
         return env
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
@@ -236,7 +250,11 @@ class Store:
             ) from None
         except lmdb.Error as err:
             raise NotAStoreError(str(self.path), f"unreadable: {err}") from None
-        with env.begin(db=meta_db) as txn:
+        try:
+            txn = env.begin(db=meta_db)
+        except lmdb.ReadersFullError:
+            raise TooManyReadersError(str(self.path), int(env.info()["max_readers"])) from None
+        with txn:
             try:  # UTF-8 and msgpack decoding errors are ValueErrors
                 meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
             except ValueError as err:
@@ -308,6 +326,7 @@ class Store:
         """Close the environment and release the lock (idempotent)."""
         if self._env is not None and os.getpid() == self._pid:
             self._env.close()
+            _OPENED_BY.pop(self._identity, None)
         self._env = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -345,7 +364,9 @@ class Store:
                 self._resize(0)  # another process grew the map: adopt its size
             except lmdb.ReadersFullError:
                 if attempt:
-                    raise
+                    raise TooManyReadersError(
+                        str(self.path), int(env.info()["max_readers"])
+                    ) from None
                 env.reader_check()
         return env.begin(write=write)
 
@@ -405,6 +426,9 @@ class Store:
     def write(self) -> Iterator[WriteTxn]:
         """A write transaction: commits on a clean exit, rolls back if the block raises."""
         self._check_writable()
+        # A killed reader's slot keeps its snapshot's pages from being reused until someone
+        # clears it, so a long-running writer would grow the file without bound.
+        self._require_env().reader_check()
         self._ensure_headroom()
         with self._tracked(write=True) as txn:
             writer = WriteTxn(self, txn)
