@@ -191,14 +191,16 @@ class StoreBusyError(NeardupError, RuntimeError):
 
 
 class TooManyReadersError(NeardupError, RuntimeError):
-    """Every LMDB reader slot is held by a live process or thread (stale slots of killed
-    processes are reclaimed before this is raised)."""
+    """Every LMDB reader slot of the store is taken."""
 
-    def __init__(self, path: str, max_readers: int) -> None:
+    def __init__(self, path: str, max_readers: int | None) -> None:
+        limit = "" if max_readers is None else f" (max_readers={max_readers})"
         super().__init__(
-            f"{path}: all {max_readers} reader slots are held by running processes or "
-            "threads; end some read transactions, or close every process and reopen with a "
-            "larger max_readers (the first process to open the store sets the limit)"
+            f"{path}: all reader slots{limit} are taken. Slots of "
+            "killed processes are freed as soon as a process that has the store open "
+            "begins a transaction, or once every process has closed it; otherwise end "
+            "some read transactions, or reopen every process with a larger max_readers "
+            "(the first process to open the store sets the limit)"
         )
         self.path, self.max_readers = path, max_readers
 

@@ -133,9 +133,10 @@ class StoreStats:
         readers: LMDB reader slots taken (when the call began, so not counting its own);
             ``active_readers`` of them hold a snapshot.
         oldest_snapshot_lag: write transactions committed since the oldest snapshot in a
-            reader slot began (0 without one; not counting this call's own). While a snapshot is held, LMDB cannot
-            reuse the pages freed after it, so the file grows with every commit: a lag
-            that keeps rising points at a read transaction left open.
+            reader slot began (0 without one; this call's own is not counted). While a
+            snapshot is held, LMDB cannot reuse the pages freed after it, so the file
+            grows with every commit: a lag that keeps rising points at a read
+            transaction left open.
         oldest_snapshot_pid: the process holding that snapshot, or ``None``.
     """
 
@@ -336,6 +337,7 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
     if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
         raise InvalidParameterError("largest", largest, "a non-negative integer")
     env = store._require_env()
+    store._sweep_readers(force=True)  # report live readers, not killed ones
     readers = _readers(env)
     with store.read() as reader:
         txn = reader.txn

@@ -28,6 +28,7 @@ import errno
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +66,9 @@ DEFAULT_MAP_SIZE = 1 << 30
 """Initial map size (1 GiB of address space; the file only grows with its data)."""
 MIN_FREE_FRACTION = 0.25
 RESIZE_WAIT_S = 60.0
+STALE_READER_CHECK_S = 1.0
+"""A read begins with a sweep of reader slots left by killed processes at most this often
+(a write always sweeps first)."""
 LOCK_FILE = "neardup.lock"
 CREATE_LOCK_FILE = "neardup.create.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -98,6 +102,7 @@ class Store:
         self._env: lmdb.Environment | None = None
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None
+        self._swept_at = -STALE_READER_CHECK_S
         # Map growth must not pull the map from under this process's open transactions.
         self._readers_done = threading.Condition(threading.RLock())
         self._active_readers = 0
@@ -182,6 +187,8 @@ class Store:
                 meminit=False,
                 create=not self.read_only,
             )
+        except lmdb.ReadersFullError:  # the limit is the lock file's, not max_readers
+            raise TooManyReadersError(str(self.path), None) from None
         except lmdb.Error as err:
             if "already open in this process" in str(err):
                 if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
@@ -409,9 +416,25 @@ class Store:
                 state.readers -= 1
                 self._readers_done.notify_all()
 
+    def _sweep_readers(self, force: bool) -> None:
+        """Free the reader slots of killed processes.
+
+        LMDB frees them only when asked. Until then a killed reader's snapshot keeps the
+        pages it could see from being reused (the file grows with every commit), and a
+        table full of them refuses every new process, which cannot sweep before it has
+        a slot itself: so every open store sweeps, before each write and now and then
+        before a read.
+        """
+        env = self._require_env()
+        now = time.monotonic()
+        if force or now - self._swept_at >= STALE_READER_CHECK_S:
+            env.reader_check()
+            self._swept_at = now
+
     @contextmanager
     def read(self) -> Iterator[ReadTxn]:
         """A consistent read snapshot; use it with ``with``."""
+        self._sweep_readers(force=False)
         with self._tracked(write=False) as txn:
             reader = ReadTxn(self, txn)
             try:
@@ -426,9 +449,7 @@ class Store:
     def write(self) -> Iterator[WriteTxn]:
         """A write transaction: commits on a clean exit, rolls back if the block raises."""
         self._check_writable()
-        # A killed reader's slot keeps its snapshot's pages from being reused until someone
-        # clears it, so a long-running writer would grow the file without bound.
-        self._require_env().reader_check()
+        self._sweep_readers(force=True)
         self._ensure_headroom()
         with self._tracked(write=True) as txn:
             writer = WriteTxn(self, txn)
