@@ -28,6 +28,7 @@ from .errors import (
     StoreFullError,
     StoreNotFoundError,
     TextDecodeError,
+    TooManyReadersError,
     TransactionAbortedError,
     TransactionConflictError,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "StoreParams",
     "StoreStats",
     "TextDecodeError",
+    "TooManyReadersError",
     "TransactionAbortedError",
     "TransactionConflictError",
     "UniqueResult",

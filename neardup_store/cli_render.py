@@ -173,6 +173,8 @@ def render_stats(stats: StoreStats, as_json: bool) -> None:
         "map_size": stats.map_size,
         "readers": stats.readers,
         "active_readers": stats.active_readers,
+        "oldest_snapshot_lag": stats.oldest_snapshot_lag,
+        "oldest_snapshot_pid": stats.oldest_snapshot_pid,
         "params": stats.params,
     }
     if as_json:

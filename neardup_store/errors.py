@@ -194,6 +194,21 @@ class StoreBusyError(NeardupError, RuntimeError):
         self.path, self.operation = path, operation
 
 
+class TooManyReadersError(NeardupError, RuntimeError):
+    """Every LMDB reader slot of the store is taken."""
+
+    def __init__(self, path: str, max_readers: int | None) -> None:
+        limit = "" if max_readers is None else f" (max_readers={max_readers})"
+        super().__init__(
+            f"{path}: all reader slots{limit} are taken. Slots of "
+            "killed processes are freed as soon as a process that has the store open "
+            "begins a transaction, or once every process has closed it; otherwise end "
+            "some read transactions, or reopen every process with a larger max_readers "
+            "(the first process to open the store sets the limit)"
+        )
+        self.path, self.max_readers = path, max_readers
+
+
 class ForkedStoreError(NeardupError, RuntimeError):
     """A store object was used in a process forked after it was opened."""
 

@@ -133,6 +133,12 @@ class StoreStats:
             pages, and the free list itself): roughly what :func:`compact` reclaims.
         readers: LMDB reader slots taken (when the call began, so not counting its own);
             ``active_readers`` of them hold a snapshot.
+        oldest_snapshot_lag: write transactions committed since the oldest snapshot in a
+            reader slot began (0 without one; this call's own is not counted). While a
+            snapshot is held, LMDB cannot reuse the pages freed after it, so the file
+            grows with every commit: a lag that keeps rising points at a read
+            transaction left open.
+        oldest_snapshot_pid: the process holding that snapshot, or ``None``.
     """
 
     documents: int
@@ -146,6 +152,8 @@ class StoreStats:
     commit_counter: int
     readers: int
     active_readers: int
+    oldest_snapshot_lag: int
+    oldest_snapshot_pid: int | None
     bands: list[BandStats]
     largest_buckets: list[LargeBucket]
 
@@ -286,11 +294,25 @@ def clusters(store: Store, threshold: float | None = None) -> list[list[Key]]:
 # -- statistics ---------------------------------------------------------------------------------
 
 
-def _reader_counts(env: lmdb.Environment) -> tuple[int, int]:
-    """Reader slots in use, and those holding a snapshot, from ``env.readers()``."""
+@dataclass(frozen=True)
+class _Readers:
+    slots: int
+    active: int
+    oldest_lag: int
+    oldest_pid: int | None
+
+
+def _readers(env: lmdb.Environment) -> _Readers:
+    """Reader slots in use, those holding a snapshot, and the oldest snapshot's lag behind
+    the last commit, from ``env.readers()``."""
     rows = [line.split() for line in env.readers().splitlines()[1:]]
     rows = [row for row in rows if len(row) == 3]  # pid, thread, txnid (or "-")
-    return len(rows), sum(row[2] != "-" for row in rows)
+    held = sorted((int(txnid), int(pid)) for pid, _, txnid in rows if txnid != "-")
+    if not held:
+        return _Readers(len(rows), 0, 0, None)
+    oldest, pid = held[0]
+    lag = max(0, int(env.info()["last_txnid"]) - oldest)
+    return _Readers(len(rows), len(held), lag, pid)
 
 
 def _pages(stat: dict[str, int]) -> int:
@@ -316,7 +338,8 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
     if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
         raise InvalidParameterError("largest", largest, "a non-negative integer")
     env = store._require_env()
-    readers, active = _reader_counts(env)
+    store._sweep_readers(force=True)  # report live readers, not killed ones
+    readers = _readers(env)
     with store.read() as reader:
         txn = reader.txn
         info, page_size = env.info(), int(env.stat()["psize"])
@@ -357,8 +380,10 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
             page_size=page_size,
             free_pages=max(0, last_pgno + 1 - _META_PAGES - used_pages),
             commit_counter=int(store._read_meta(txn, "commit_counter")),
-            readers=readers,
-            active_readers=active,
+            readers=readers.slots,
+            active_readers=readers.active,
+            oldest_snapshot_lag=readers.oldest_lag,
+            oldest_snapshot_pid=readers.oldest_pid,
             bands=bands,
             largest_buckets=top,
         )

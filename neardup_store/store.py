@@ -28,6 +28,7 @@ import errno
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +51,7 @@ from .errors import (
     StoreClosedError,
     StoreFullError,
     StoreNotFoundError,
+    TooManyReadersError,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
@@ -67,9 +69,20 @@ RESIZE_WAIT_S = 60.0
 DEFAULT_MODE = 0o700
 """Permissions of a new store's directory; its files get the same without execute bits
 (0o600). Owner-only by default: a store holds the keys and metadata of private documents."""
+STALE_READER_CHECK_S = 1.0
+"""A read begins with a sweep of reader slots left by killed processes at most this often
+(a write always sweeps first)."""
 LOCK_FILE = "neardup.lock"
 CREATE_LOCK_FILE = "neardup.create.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_OPENED_BY: dict[tuple[int, int] | None, int] = {}
+"""Store directory (device, inode) -> pid of the process whose environment has it open: a
+forked child inherits the map, and must be told it is a child, not that it opened twice."""
+
+
+def _identity(directory: Path) -> tuple[int, int]:
+    info = directory.stat()
+    return info.st_dev, info.st_ino
 
 
 class Store:
@@ -94,6 +107,8 @@ class Store:
         self._pid = os.getpid()
         self._env: lmdb.Environment | None = None
         self._lock_fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self._swept_at = -STALE_READER_CHECK_S
         # Map growth must not pull the map from under this process's open transactions.
         self._readers_done = threading.Condition(threading.RLock())
         self._active_readers = 0
@@ -191,13 +206,19 @@ class Store:
                 create=not self.read_only,
                 mode=self.mode & 0o666,
             )
+        except lmdb.ReadersFullError:  # the limit is the lock file's, not max_readers
+            raise TooManyReadersError(str(self.path), None) from None
         except lmdb.Error as err:
             if "already open in this process" in str(err):
+                if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
+                    raise ForkedStoreError(str(self.path)) from None
                 raise StoreBusyError(
                     str(self.path), "open a second Store on it in this process (reuse the open one)"
                 ) from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
         env.reader_check()  # slots left by killed processes
+        self._identity = _identity(self.path)
+        _OPENED_BY[self._identity] = os.getpid()
         return env
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
@@ -272,7 +293,11 @@ class Store:
             ) from None
         except lmdb.Error as err:
             raise NotAStoreError(str(self.path), f"unreadable: {err}") from None
-        with env.begin(db=meta_db) as txn:
+        try:
+            txn = env.begin(db=meta_db)
+        except lmdb.ReadersFullError:
+            raise TooManyReadersError(str(self.path), int(env.info()["max_readers"])) from None
+        with txn:
             try:  # UTF-8 and msgpack decoding errors are ValueErrors
                 meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
             except ValueError as err:
@@ -344,6 +369,7 @@ class Store:
         """Close the environment and release the lock (idempotent)."""
         if self._env is not None and os.getpid() == self._pid:
             self._env.close()
+            _OPENED_BY.pop(self._identity, None)
         self._env = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -381,7 +407,9 @@ class Store:
                 self._resize(0)  # another process grew the map: adopt its size
             except lmdb.ReadersFullError:
                 if attempt:
-                    raise
+                    raise TooManyReadersError(
+                        str(self.path), int(env.info()["max_readers"])
+                    ) from None
                 env.reader_check()
         return env.begin(write=write)
 
@@ -425,9 +453,25 @@ class Store:
                 state.readers -= 1
                 self._readers_done.notify_all()
 
+    def _sweep_readers(self, force: bool) -> None:
+        """Free the reader slots of killed processes.
+
+        LMDB frees them only when asked. Until then a killed reader's snapshot keeps the
+        pages it could see from being reused (the file grows with every commit), and a
+        table full of them refuses every new process, which cannot sweep before it has
+        a slot itself: so every open store sweeps, before each write and now and then
+        before a read.
+        """
+        env = self._require_env()
+        now = time.monotonic()
+        if force or now - self._swept_at >= STALE_READER_CHECK_S:
+            env.reader_check()
+            self._swept_at = now
+
     @contextmanager
     def read(self) -> Iterator[ReadTxn]:
         """A consistent read snapshot; use it with ``with``."""
+        self._sweep_readers(force=False)
         with self._tracked(write=False) as txn:
             reader = ReadTxn(self, txn)
             try:
@@ -442,6 +486,7 @@ class Store:
     def write(self) -> Iterator[WriteTxn]:
         """A write transaction: commits on a clean exit, rolls back if the block raises."""
         self._check_writable()
+        self._sweep_readers(force=True)
         self._ensure_headroom()
         with self._tracked(write=True) as txn:
             writer = WriteTxn(self, txn)

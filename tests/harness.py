@@ -8,6 +8,9 @@
 * :func:`orphan_band_entries` lists band entries that point at no document record.
 * :class:`Model` is an in-memory reference: the documents a store should hold and the
   band entries and query answers that follow from them, computed without the store.
+* :func:`consistency_problems` checks, inside one read transaction of an open store, that
+  its tables agree with each other (counts, keys, band entries against signatures);
+  :func:`spread_consistency_problems` is the same check spread over several transactions.
 
 Each dump opens the environment with plain LMDB, so the store must not be open in the
 calling process (LMDB forbids opening one environment twice in a process); other
@@ -17,10 +20,11 @@ processes may hold it open.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 import msgpack
@@ -29,6 +33,10 @@ import numpy.typing as npt
 
 from neardup_store import codec
 from neardup_store.lsh import LSHParams, band_keys
+
+if TYPE_CHECKING:
+    from neardup_store.store import Store
+    from neardup_store.txn import ReadTxn
 
 Key = str | bytes
 
@@ -209,3 +217,70 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tobytes()
     return value
+
+
+# -- table agreement inside one snapshot ---------------------------------------------------------
+
+
+def consistency_problems(reader: ReadTxn) -> list[str]:
+    """How the tables of one read snapshot disagree (empty when they agree).
+
+    Checks, all inside ``reader``: as many key entries and entries in every band table as
+    documents; every key entry names a document whose record holds that key; every band
+    entry names an existing document and equals the band key derived from that document's
+    stored signature; every document has exactly its band entries.
+    """
+    return _table_agreement(reader._store, lambda: nullcontext(reader))
+
+
+def spread_consistency_problems(store: Store) -> list[str]:
+    """The same check as :func:`consistency_problems`, but the documents, the key table and
+    each band table are read in read transactions of their own.
+
+    A negative control: while another process commits, the views come from different
+    states, so this must report problems sooner or later. It shows the check can fail.
+    """
+    return _table_agreement(store, store.read)
+
+
+def _table_agreement(
+    store: Store, view: Callable[[], AbstractContextManager[ReadTxn]]
+) -> list[str]:
+    """Compare docs, keys and band tables, each read through ``view()`` (one or many txns)."""
+    problems: list[str] = []
+    with view() as reader:
+        indexes: dict[bytes, bytes] = {}
+        signatures = []
+        with reader.txn.cursor(db=store._docs_db) as cursor:
+            for raw_id, data in cursor:
+                record = codec.decode_record(bytes(data), codec.decode_id(raw_id))
+                raw, is_str = codec.key_bytes(record.key)
+                indexes[bytes(raw_id)] = codec.key_index(raw, is_str)
+                signatures.append(record.signature)
+    ids = list(indexes)
+    expected: list[set[tuple[bytes, bytes]]] = [set() for _ in range(store.banding.bands)]
+    if ids:
+        rows = band_keys(np.stack(signatures), store.banding, store.config.seed)
+        for doc_id, row in zip(ids, rows, strict=True):
+            for band, band_key in enumerate(codec.encode_band_keys(row)):
+                expected[band].add((band_key, doc_id))
+    with view() as reader, reader.txn.cursor(db=store._keys_db) as cursor:
+        key_entries = [(bytes(k), bytes(v)) for k, v in cursor]
+    if len(key_entries) != len(ids):
+        problems.append(f"{len(key_entries)} key entries for {len(ids)} documents")
+    wrong = sum(indexes.get(doc_id) != index for index, doc_id in key_entries)
+    if wrong:
+        problems.append(f"{wrong} key entries name a missing document or another key")
+    for band, wanted in enumerate(expected):
+        with view() as reader, reader.txn.cursor(db=store._band_dbs[band]) as cursor:
+            entries = [(bytes(k), bytes(v)) for k, v in cursor]
+        if len(entries) != len(ids):
+            problems.append(f"band {band}: {len(entries)} entries for {len(ids)} documents")
+        found = set(entries)
+        stray, missing = len(found - wanted), len(wanted - found)
+        if stray or missing:
+            problems.append(
+                f"band {band}: {stray} entries match no document's signature, "
+                f"{missing} documents lack their entry"
+            )
+    return problems
