@@ -387,6 +387,27 @@ def test_a_really_full_disk_is_typed_and_the_same_batch_commits_once_freed(
         assert store.check().ok
 
 
+def test_backup_and_compact_on_a_full_disk_are_typed_and_change_nothing(
+    small_disk: Path,
+) -> None:
+    path = small_disk / "store"
+    model, hasher = new_store(path, map_size=4 * MiB)
+    with Store.open(path) as store:
+        commit(store, Batch("before", 1, adds=1500, meta_bytes=1024), model, hasher)
+    before = raw_digest(path)
+    filler = fill(small_disk, leave=32 * KiB)
+    with Store.open(path) as store:
+        with pytest.raises(StoreFullError):
+            store.backup(small_disk / "copy")
+        with pytest.raises(StoreFullError):
+            store.compact()
+        assert len(store) == len(model.documents)
+        filler.unlink()
+        assert store.backup(small_disk / "copy").documents == len(model.documents)
+    assert raw_digest(path) == before and model.differences(path) == []
+    assert model.differences(small_disk / "copy") == []
+
+
 WRITEMAP_CHILD = r"""
 import sys, lmdb
 env = lmdb.open(sys.argv[1], map_size=64 << 20, writemap=True)
