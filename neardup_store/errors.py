@@ -178,7 +178,19 @@ class StoreFullError(NeardupError, OSError):
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
             f"{path}: no space left to grow the store ({detail}); nothing of this "
-            "transaction was written. Free disk space and retry"
+            "transaction was written. Free disk space (or raise the file-size limit) and retry"
+        )
+        self.path, self.detail = path, detail
+
+
+class StoreIOError(NeardupError, OSError):
+    """The device reported an I/O error while a transaction was written: rolled back."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"{path}: the disk reported an error while writing the store ({detail}); "
+            "nothing of this transaction was written. Check the device and the system log, "
+            "then retry"
         )
         self.path, self.detail = path, detail
 

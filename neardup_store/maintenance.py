@@ -512,7 +512,7 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
             _fsync(store.path)  # make the rename itself durable
 
         try:
-            store._require_env().copy(str(scratch), compact=True)
+            _copy(store, scratch)
             _keep_mode(data, scratch / "data.mdb")
             _fsync(scratch / "data.mdb")
             _reopen(store, _max_dbs(store.banding.bands), swap)
@@ -540,13 +540,27 @@ def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
     if target.exists() and (not target.is_dir() or (target / "data.mdb").exists()):
         raise InvalidParameterError("path", str(target), "a new or empty directory")
     target.mkdir(parents=True, exist_ok=True, mode=stat.S_IMODE(store.path.stat().st_mode))
-    env = store._require_env()
     with store.read() as reader:
         documents = len(reader)
-        env.copy(str(target), compact=True, txn=reader.txn)
+        try:
+            _copy(store, target, reader.txn)
+        except BaseException:
+            (target / "data.mdb").unlink(missing_ok=True)  # a retry must find it empty
+            raise
     _keep_mode(store.path / "data.mdb", target / "data.mdb")
     _fsync(target / "data.mdb")
     return BackupReport(str(target), documents, (target / "data.mdb").stat().st_size)
+
+
+def _copy(store: Store, target: Path, txn: lmdb.Transaction | None = None) -> None:
+    """LMDB's compacting copy, with a full disk typed like any write (StoreFullError)."""
+    try:
+        store._require_env().copy(str(target), compact=True, txn=txn)
+    except lmdb.Error as err:
+        typed = store._translate(err)
+        if typed is err:
+            raise
+        raise typed from err
 
 
 # -- rebuild ------------------------------------------------------------------------------------

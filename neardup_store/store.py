@@ -16,6 +16,10 @@ Operational rules the store enforces:
 * Opening a store waits while another process is inside a write transaction: py-lmdb
   opens table handles under LMDB's write lock. Already open stores never wait to read;
   writers should keep transactions to bounded batches (``add_many`` does).
+* A full disk (or file-size limit) is a :class:`StoreFullError` and rolls the transaction
+  back; the same transaction commits once there is room. The environment is never opened
+  with LMDB's ``writemap``: writing through a shared map turns a full disk into SIGBUS,
+  which kills the process, while ordinary writes fail with an error that can be typed.
 * A store object belongs to the process that opened it: using it in a forked child
   raises :class:`ForkedStoreError` (LMDB environments must not cross ``fork()``). Workers
   open their own store; py-lmdb refuses to open an environment a forked child inherited
@@ -27,6 +31,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -50,6 +55,7 @@ from .errors import (
     StoreBusyError,
     StoreClosedError,
     StoreFullError,
+    StoreIOError,
     StoreNotFoundError,
     TooManyReadersError,
 )
@@ -83,6 +89,8 @@ forked child inherits the map, and must be told it is a child, not that it opene
 def _identity(directory: Path) -> tuple[int, int]:
     info = directory.stat()
     return info.st_dev, info.st_ino
+FULL_DISK_SLACK = 1 << 20
+"""Free bytes below which a disk counts as full when LMDB reports a write as an I/O error."""
 
 
 class Store:
@@ -492,20 +500,55 @@ class Store:
             writer = WriteTxn(self, txn)
             try:
                 yield writer
-            except BaseException:
+            except BaseException as err:
                 writer._finish(commit=False)
-                raise
+                typed = self._translate(err) if isinstance(err, lmdb.Error) else err
+                if typed is err:
+                    raise
+                raise typed from err
             try:
                 writer._finish(commit=True)
             except lmdb.Error as err:
-                raise self._translate(err) from err
+                typed = self._translate(err)
+                if typed is err:
+                    raise
+                raise typed from err
 
     def _translate(self, err: lmdb.Error) -> Exception:
+        """The typed error for an engine error raised while writing (``err`` if none fits).
+
+        LMDB reports a full disk in two ways: the errno of a write that could not start
+        (ENOSPC, EFBIG, EDQUOT), or ``EIO`` for a write that stopped part-way, which is how
+        a write ends when it reaches the end of the disk or of the process's file-size
+        limit. So an ``EIO`` is a full store when the data file cannot grow any more, and
+        otherwise a real I/O error of the device; both are typed, never raw LMDB errors.
+        """
         code = getattr(err, "errno", None)
         text = str(err)
         if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
             return StoreFullError(str(self.path), text)
+        if code == errno.EIO or os.strerror(errno.EIO) in text:
+            reason = self._out_of_space()
+            if reason is not None:
+                return StoreFullError(str(self.path), f"{text}: {reason}")
+            return StoreIOError(str(self.path), text)
         return err
+
+    def _out_of_space(self) -> str | None:
+        """Why the data file cannot grow (file-size limit or disk reached), or ``None``."""
+        try:
+            size = (self.path / "data.mdb").stat().st_size
+            disk = os.statvfs(self.path)
+        except OSError:
+            return None
+        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit != resource.RLIM_INFINITY and size + FULL_DISK_SLACK > limit:
+            return f"the data file reached this process's file-size limit of {limit} bytes"
+        # root may write into the blocks a file system reserves; other users may not
+        blocks = disk.f_bfree if os.geteuid() == 0 else disk.f_bavail
+        if blocks * disk.f_frsize < FULL_DISK_SLACK:
+            return f"the disk holding the store has {blocks * disk.f_frsize} bytes free"
+        return None
 
     def _used_bytes(self) -> int:
         env = self._require_env()
