@@ -609,8 +609,9 @@ def rebuild(
     new = StoreParams(old.config, banding, threshold)
     generation = store._generation + 1
     with _exclusive(store, "rebuild"):
-        # The env allows 2 * bands + 8 named tables; the new ones reuse the old ones' slots.
-        if banding.bands + 3 > _max_dbs(old.banding.bands):
+        # The new tables reuse the old ones' slots; the environment's limit is the one it
+        # was opened with, which an earlier rebuild to more bands may not have raised.
+        if banding.bands + 3 > store._max_dbs:
             _reopen(store, _max_dbs(banding.bands))
         operation = _rebanding(store, banding, threshold, generation, progress)
         try:

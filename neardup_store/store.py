@@ -96,6 +96,7 @@ class Store:
         self.params: StoreParams
         self.hasher: MinHasher
         self._band_dbs: list[Any] = []
+        self._max_dbs = 0  # named-table slots of the open environment (rebuild may need more)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -179,6 +180,7 @@ class Store:
                 ) from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
         env.reader_check()  # slots left by killed processes
+        self._max_dbs = max_dbs
         return env
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
