@@ -27,7 +27,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
-    initialize,
     invariant,
     precondition,
     rule,
@@ -278,10 +277,6 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.banding == self.model.banding
         self.steps_taken = -1  # the invariant also runs once before the first rule
         type(self).examples += 1
-
-    @initialize()
-    def start(self) -> None:
-        """Nothing: the store starts empty (the constructor made it)."""
 
     # -- helpers ------------------------------------------------------------------------------
 
