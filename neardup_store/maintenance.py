@@ -456,7 +456,7 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
     compacted copy into a temporary directory inside the store, syncs it, swaps it in
     with an atomic rename and reopens the environment in this store object. A crash at
     any point leaves either the old file or the new one, both complete (and perhaps a
-    ``.compact-*`` directory, which can be deleted).
+    ``.compact-*`` scratch directory, which the next writable open of the store deletes).
 
     Args:
         dry_run: change nothing; report the size compaction would leave (works on a

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -159,6 +160,8 @@ class Store:
         if self._lock_fd is None:
             self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            if not self.read_only:
+                _remove_compaction_leftovers(self.path)
         try:
             env = lmdb.open(
                 str(self.path),
@@ -692,6 +695,18 @@ def _creation_lock(directory: Path, create: bool) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _remove_compaction_leftovers(directory: Path) -> None:
+    """Delete ``.compact-*`` scratch directories that a killed compaction left behind.
+
+    Safe while holding the shared lock: a compaction holds ``neardup.lock`` exclusively
+    from before it creates its scratch directory until after it removes it, so no
+    compaction is running while anyone holds the lock shared.
+    """
+    for leftover in directory.glob(".compact-*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
