@@ -65,7 +65,14 @@ def run_round(examples: int, steps: int, seed: int) -> dict[str, Any]:
     # Without an explicit seed every run_state_machine_as_test call draws the same examples.
     StoreMachine._hypothesis_internal_use_seed = seed  # what hypothesis.seed() sets
     before = (StoreMachine.examples, StoreMachine.steps)
-    chosen = settings(CI_SETTINGS, max_examples=examples, stateful_step_count=steps, database=None)
+    settings.register_profile(
+        "state-machine-long",
+        CI_SETTINGS,
+        max_examples=examples,
+        stateful_step_count=steps,
+        database=None,  # independent rounds: replay nothing from earlier runs
+    )
+    chosen = settings.get_profile("state-machine-long")
     started = time.perf_counter()
     failure = None
     try:
