@@ -482,7 +482,7 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
     compacted copy into a temporary directory inside the store, syncs it, swaps it in
     with an atomic rename and reopens the environment in this store object. A crash at
     any point leaves either the old file or the new one, both complete (and perhaps a
-    ``.compact-*`` directory, which can be deleted).
+    ``.compact-*`` scratch directory, which the next writable open of the store deletes).
 
     Args:
         dry_run: change nothing; report the size compaction would leave (works on a
@@ -657,8 +657,9 @@ def rebuild(
     new = StoreParams(old.config, banding, threshold)
     generation = store._generation + 1
     with _exclusive(store, "rebuild"):
-        # The env allows 2 * bands + 8 named tables; the new ones reuse the old ones' slots.
-        if banding.bands + 3 > _max_dbs(old.banding.bands):
+        # The new tables reuse the old ones' slots; the environment's limit is the one it
+        # was opened with, which an earlier rebuild to more bands may not have raised.
+        if banding.bands + 3 > store._max_dbs:
             _reopen(store, _max_dbs(banding.bands))
         operation = _rebanding(store, banding, threshold, generation, progress)
         try:

@@ -32,6 +32,7 @@ import errno
 import fcntl
 import os
 import resource
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -125,6 +126,7 @@ class Store:
         self.params: StoreParams
         self.hasher: MinHasher
         self._band_dbs: list[Any] = []
+        self._max_dbs = 0  # named-table slots of the open environment (rebuild may need more)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -199,6 +201,8 @@ class Store:
             flags, file_mode = os.O_RDWR | os.O_CREAT, self.mode & 0o666
             self._lock_fd = os.open(self.path / LOCK_FILE, flags, file_mode)
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            if not self.read_only:
+                _remove_compaction_leftovers(self.path)
         try:
             env = lmdb.open(
                 str(self.path),
@@ -227,6 +231,7 @@ class Store:
         env.reader_check()  # slots left by killed processes
         self._identity = _identity(self.path)
         _OPENED_BY[self._identity] = os.getpid()
+        self._max_dbs = max_dbs
         return env
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
@@ -833,6 +838,18 @@ def _creation_lock(directory: Path, create: bool, mode: int) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _remove_compaction_leftovers(directory: Path) -> None:
+    """Delete ``.compact-*`` scratch directories that a killed compaction left behind.
+
+    Safe while holding the shared lock: a compaction holds ``neardup.lock`` exclusively
+    from before it creates its scratch directory until after it removes it, so no
+    compaction is running while anyone holds the lock shared.
+    """
+    for leftover in directory.glob(".compact-*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:

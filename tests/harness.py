@@ -128,6 +128,9 @@ class Model:
     documents: dict[Key, tuple[npt.NDArray[np.uint32], Any]] = field(default_factory=dict)
 
     def add(self, key: Key, signature: npt.ArrayLike, metadata: Any = None) -> None:
+        """Add or replace ``key``; a replaced document moves last, as the store gives it a
+        new id (which breaks query ties)."""
+        self.documents.pop(key, None)
         self.documents[key] = (np.asarray(signature, dtype=np.uint32).copy(), metadata)
 
     def remove(self, key: Key) -> None:
