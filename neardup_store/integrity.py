@@ -3,9 +3,14 @@
 The document records are the truth; the ``keys`` table and the band tables are indexes
 derived from them. :func:`check` verifies, in one snapshot:
 
+* LMDB's page structure, read from the file without the engine (:mod:`.lmdbfile`): meta
+  pages, every B-tree, page and entry counts, and that every page is in use or free
+  exactly once. When that finds damage, the engine is not asked to read the tables
+  (it trusts every byte and could crash the process); the damage is the finding;
 * ``meta`` is well formed: the format marker and version, a decodable ``config`` and
-  ``banding`` equal to what the store was opened with, ``next_doc_id`` above every id,
-  integer counters; and no table exists that the format does not name;
+  ``banding`` equal to what the store was opened with and matching ``meta_checksum``,
+  ``next_doc_id`` above every id, integer counters; and no table exists that the format
+  does not name;
 * every record decodes, its checksum is right and its signature has ``num_perm`` values;
 * every record's key index is in ``keys`` and points back to it, and every ``keys``
   entry points to a record with that key;
@@ -16,7 +21,14 @@ derived from them. :func:`check` verifies, in one snapshot:
 
 ``repair=True`` rebuilds the derived tables (keys and bands) from the records in one
 write transaction and checks again. A damaged record or ``meta`` cannot be re-derived:
-those stay reported, for a restore from a backup or an export.
+those stay reported, for a restore from a backup or an export. Nor is a store repaired
+whose page structure is damaged: writing through a damaged B-tree can only spread it.
+
+Errors the engine raises while reading (``lmdb.CorruptedError`` and the like) become
+``structure`` findings, never exceptions. A corruption can still crash the engine
+while the store is being *opened*, before the check runs; ``neardup-admin check`` runs
+the open and the check in a child process for that reason (see :mod:`.cli`), while
+:func:`check` itself runs in the caller's process.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from . import codec
+from . import codec, lmdbfile
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
 
@@ -38,6 +50,7 @@ if TYPE_CHECKING:
     from .txn import ReadTxn, WriteTxn
 
 VIOLATION_KINDS: tuple[str, ...] = (
+    "structure",  # LMDB's pages are damaged, or LMDB failed reading: restore from a backup
     "meta",  # a meta entry is missing, undecodable or disagrees with the store
     "stray-table",  # a table the format does not name (repair drops it)
     "doc-id",  # a docs key that is not an id, or an id >= next_doc_id (repair fixes the latter)
@@ -52,16 +65,7 @@ VIOLATION_KINDS: tuple[str, ...] = (
 """Every ``Violation.kind``, with what it means."""
 
 _BATCH = 1024
-_REQUIRED_META = (
-    "format",
-    "format_version",
-    "package_version",
-    "config",
-    "banding",
-    "commit_counter",
-    "next_doc_id",
-    "map_size",
-)
+_BAND_FLAGS = lmdbfile.DUPSORT | lmdbfile.DUPFIXED
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,26 @@ class _Checker:
         self.found.append(Violation(kind, detail, doc_id))
 
     def run(self) -> None:
+        if not self.structure():
+            return
+        try:
+            self.tables()
+        except lmdb.Error as err:  # the walk found nothing, yet the engine failed
+            self.add("structure", f"LMDB failed reading the tables: {err}")
+
+    def structure(self) -> bool:
+        """Walk LMDB's pages of this snapshot; whether they are sound."""
+        expected = {name: 0 for name in (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB)}
+        for band in range(self.store.banding.bands):
+            expected[codec.band_table_name(self.store._generation, band)] = _BAND_FLAGS
+        report = lmdbfile.walk(
+            self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected
+        )
+        for problem in report.problems:
+            self.add("structure", problem)
+        return not report.problems
+
+    def tables(self) -> None:
         next_id = self.meta()
         for name in _stray_tables(self.store, self.txn):
             self.add("stray-table", f"table {name!r} is not part of this store's format")
@@ -152,13 +176,19 @@ class _Checker:
 
     def meta(self) -> int | None:
         meta: dict[str, Any] = {}
+        raw: dict[str, bytes] = {}
         with self.txn.cursor(db=self.store._meta_db) as cursor:
             for name, value in cursor:
                 try:
-                    meta[bytes(name).decode()] = codec.unpack_meta(value)
+                    text = bytes(name).decode()
+                    meta[text] = codec.unpack_meta(value)
+                    raw[text] = bytes(value)
                 except ValueError as err:
                     self.add("meta", f"meta entry {bytes(name)!r} does not decode ({err})")
-        for name in _REQUIRED_META:
+        checksum = meta.get("meta_checksum")
+        if checksum is not None and checksum != codec.meta_checksum(raw):
+            self.add("meta", "meta_checksum does not match format, config and banding")
+        for name in codec.REQUIRED_META:
             if name not in meta:
                 self.add("meta", f"meta entry {name!r} is missing")
         if meta.get("format", codec.FORMAT_NAME) != codec.FORMAT_NAME:
@@ -418,7 +448,8 @@ def check(store: Store, repair: bool = False) -> CheckReport:
     if repair:
         store._check_writable()
     checked, found = _run_check(store)
-    if not (repair and found):
+    damaged = any(v.kind == "structure" for v in found)
+    if not (repair and found) or damaged:
         return CheckReport(checked, found, False, list(found))
     operation = _rederive(store)
     with store.write() as writer:

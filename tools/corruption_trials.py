@@ -1,0 +1,103 @@
+"""Corruption trials, long setting: flip bytes of a store and see whether ``check`` notices.
+
+Each trial copies a reference store, flips one or more bytes (or bits) of ``data.mdb``,
+at random offsets or inside one region (document records, keys, band tables, meta
+entries, LMDB's meta pages, branch pages, page and node headers, the main table of
+tables), runs ``neardup-admin check --json`` in a subprocess and classifies the outcome
+as detected, harmless, undetected or crash (see ``tests/corruption.py``). Undetected and
+crash must both be 0.
+
+Example:
+    python tools/corruption_trials.py --trials 2000 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import corruption  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=2000, help="number of trials")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the store and the flips")
+    parser.add_argument("--documents", type=int, default=300, help="documents in the store")
+    parser.add_argument(
+        "--random-share", type=float, default=0.4,
+        help="share of trials at random offsets; the rest target one region each",
+    )  # fmt: skip
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    trials: list[corruption.Trial] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        reference = corruption.make_reference(workdir / "reference", args.seed, args.documents)
+        targets = corruption.TARGETS[1:]
+        for number in range(args.trials):
+            target = "random" if rng.random() < args.random_share else rng.choice(targets)
+            trial = corruption.run_trial(reference, workdir, target, rng)
+            trials.append(trial)
+            if trial.outcome in ("undetected", "crash"):
+                print(f"trial {number}: {trial.outcome} ({trial.target}, {trial.regions}, "
+                      f"flips {trial.flips}): {trial.detail}", flush=True)  # fmt: skip
+            if (number + 1) % 100 == 0:
+                print(f"{number + 1} trials, {time.perf_counter() - started:.0f} s", flush=True)
+    summary = corruption.summarize(trials)
+    elapsed = time.perf_counter() - started
+    _print(summary, elapsed)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"corruption_trials_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "machine": {"python": platform.python_version(), "platform": platform.platform()},
+                "elapsed_s": round(elapsed, 1),
+                "summary": summary,
+                "detections": _detections(trials),
+                "failures": [asdict(t) for t in trials if t.outcome in ("undetected", "crash")],
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {out}")
+    sys.exit(1 if summary["undetected"] or summary["crash"] else 0)
+
+
+def _detections(trials: list[corruption.Trial]) -> dict[str, int]:
+    """How detected trials were detected (violation kinds, or the open error's type)."""
+    counts: dict[str, int] = {}
+    for trial in trials:
+        if trial.outcome == "detected":
+            how = trial.detail if trial.detail.startswith("check") else trial.detail[:60]
+            counts[how] = counts.get(how, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def _print(summary: dict[str, object], elapsed: float) -> None:
+    columns = ("detected", "harmless", "undetected", "crash")
+    print(f"\n{summary['trials']} trials in {elapsed:.0f} s")
+    print(f"{'':16}" + "".join(f"{c:>12}" for c in columns))
+    print(f"{'all':16}" + "".join(f"{summary[c]:>12}" for c in columns))
+    for group in ("by_region", "by_target"):
+        print(f"-- {group.replace('_', ' ')}")
+        for name, counts in summary[group].items():  # type: ignore[attr-defined]
+            print(f"{name:16}" + "".join(f"{counts[c]:>12}" for c in columns))
+
+
+if __name__ == "__main__":
+    main()
