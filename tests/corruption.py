@@ -184,6 +184,13 @@ def make_reference(path: Path, seed: int, documents: int = 300) -> Reference:
 # -- regions ------------------------------------------------------------------------------
 
 
+def value_span(reference: Reference, tree: str, key: bytes) -> lmdbfile.Span:
+    """Where the value of ``key`` in table ``tree`` lies in the reference file."""
+    return next(
+        s for s in reference.spans if s.tree == tree and s.part == "value" and s.key == key
+    )
+
+
 def region_of(reference: Reference, offset: int) -> str:
     """What a byte of the reference file means: one of :data:`REGIONS`."""
     index = bisect.bisect_right(reference.starts, offset) - 1
@@ -352,14 +359,21 @@ def flip(path: Path, flips: list[tuple[int, int]]) -> None:
 
 
 def run_trial(reference: Reference, workdir: Path, target: str, rng: random.Random) -> Trial:
-    """Copy, flip, check in a subprocess, classify (see the module docstring)."""
+    """Random flips of kind ``target`` (see :data:`TARGETS`), then :func:`run_flips`."""
+    offsets = choose_offsets(reference, target, rng)
+    bits = rng.random() < 0.5
+    flips = [(o, 1 << rng.randrange(8) if bits else rng.randrange(1, 256)) for o in offsets]
+    return run_flips(reference, workdir, target, flips)
+
+
+def run_flips(
+    reference: Reference, workdir: Path, target: str, flips: list[tuple[int, int]]
+) -> Trial:
+    """One trial with chosen flips: copy the reference, flip, check, classify."""
     copy = workdir / "trial"
     if copy.exists():
         shutil.rmtree(copy)
     shutil.copytree(reference.path, copy)
-    offsets = choose_offsets(reference, target, rng)
-    bits = rng.random() < 0.5
-    flips = [(o, 1 << rng.randrange(8) if bits else rng.randrange(1, 256)) for o in offsets]
     flip(copy, flips)
     outcome, detail = classify_check(run_check(copy))
     if outcome == "clean":
