@@ -155,9 +155,7 @@ class _Checker:
         expected = {name: 0 for name in (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB)}
         for band in range(self.store.banding.bands):
             expected[codec.band_table_name(self.store._generation, band)] = _BAND_FLAGS
-        report = lmdbfile.walk(
-            self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected
-        )
+        report = lmdbfile.walk(self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected)
         for problem in report.problems:
             self.add("structure", problem)
         return not report.problems

@@ -26,11 +26,12 @@ corruption trials, which classify a flipped byte by what it hit).
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,7 +129,7 @@ class FileReport:
     spans: list[Span] = field(default_factory=list)
 
 
-class _Damaged(Exception):
+class _DamagedError(Exception):
     """A tree cannot be walked further (its problem is already recorded)."""
 
 
@@ -197,9 +198,7 @@ def check_meta_pages(metas: list[MetaPage | str], file_size: int) -> list[str]:
 
 
 class _Walker:
-    def __init__(
-        self, data: bytes | memoryview | mmap.mmap, meta: MetaPage, spans: bool
-    ) -> None:
+    def __init__(self, data: bytes | memoryview | mmap.mmap, meta: MetaPage, spans: bool) -> None:
         self.data = data
         self.psize = meta.page_size
         self.last = meta.last_page
@@ -211,9 +210,9 @@ class _Walker:
     def problem(self, text: str) -> None:
         self.report.problems.append(text)
 
-    def fail(self, text: str) -> _Damaged:
+    def fail(self, text: str) -> _DamagedError:
         self.problem(text)
-        return _Damaged(text)
+        return _DamagedError(text)
 
     def span(self, start: int, end: int, tree: str, part: str, key: bytes = b"") -> None:
         if self.record_spans and end > start:
@@ -307,9 +306,7 @@ class _Walker:
             child = size | node_flags << 32  # branch nodes keep the child in lo, hi, flags
             child_low = low if index == 0 else key
             child_high = nodes[index + 1][1] if index + 1 < len(nodes) else high
-            self.node_tree(
-                record, tree, fixed, child, depth + 1, child_low, child_high, counts
-            )
+            self.node_tree(record, tree, fixed, child, depth + 1, child_low, child_high, counts)
 
     def nodes(
         self,
@@ -377,7 +374,7 @@ class _Walker:
             if values[1:] and values[1] < values[0]:
                 raise self.fail(f"{tree}: keys of page {pgno} are below their parent's range")
             values = values[1:]
-        if any(a >= b for a, b in zip(values, values[1:])):  # type: ignore[operator]
+        if any(a >= b for a, b in itertools.pairwise(values)):  # type: ignore[operator]
             raise self.fail(f"{tree}: keys of page {pgno} are out of order")
         if high is not None and values and not values[-1] < order(high):  # type: ignore[operator]
             raise self.fail(f"{tree}: keys of page {pgno} pass the bound its parent sets")
@@ -418,14 +415,12 @@ class _Walker:
             if size != _DB.size:
                 raise self.fail(f"{tree}: node {key!r} has a bad duplicate table record")
             sub = TableRecord.parse(value)
-            if dupfixed != bool(sub.flags & DUPFIXED) or dupfixed and not sub.pad:
+            if dupfixed != bool(sub.flags & DUPFIXED) or (dupfixed and not sub.pad):
                 raise self.fail(f"{tree}: duplicates of {key!r} have flags {sub.flags:#x}")
             return self.tree(sub, tree, fixed=sub.pad if dupfixed else 0)
         return self.sub_page(tree, key, value, data_at, dupfixed, record.flags)
 
-    def inline(
-        self, tree: str, key: bytes, size: int, data_at: int, record: bool = True
-    ) -> bytes:
+    def inline(self, tree: str, key: bytes, size: int, data_at: int, record: bool = True) -> bytes:
         page_end = (data_at // self.psize + 1) * self.psize
         if data_at + size > page_end:
             raise self.fail(f"{tree}: the value of {key!r} overruns its page")
@@ -433,9 +428,7 @@ class _Walker:
             self.span(data_at, data_at + size, tree, "value", key)
         return bytes(self.data[data_at : data_at + size])
 
-    def overflow(
-        self, tree: str, key: bytes, size: int, data_at: int, counts: list[int]
-    ) -> bytes:
+    def overflow(self, tree: str, key: bytes, size: int, data_at: int, counts: list[int]) -> bytes:
         pointer = self.inline(tree, key, 8, data_at)
         first = _U64.unpack(pointer)[0]
         pages = (PAGE_HEADER - 1 + size) // self.psize + 1
@@ -493,19 +486,15 @@ class _Walker:
         self.named_tables: dict[bytes, TableRecord] = {}
         for name, record in ((FREE_LIST, meta.free_list), (MAIN, meta.main)):
             plain = record if name == MAIN else _without_env_flags(record)
-            try:
+            with suppress(_DamagedError):
                 self.tree(plain, name)
-            except _Damaged:
-                pass
         for name, record in sorted(self.named_tables.items()):
             label = name.decode("ascii", "backslashreplace")
             if tables is not None and name in tables and record.flags != tables[name]:
                 self.problem(f"{label}: table flags {record.flags:#x}, expected {tables[name]:#x}")
                 continue
-            try:
+            with suppress(_DamagedError):
                 self.report.entries[name] = self.tree(record, label)
-            except _Damaged:
-                pass
         for name in sorted(set(tables or ()) - set(self.named_tables)):
             self.problem(f"table {name!r} is not in the main table")
         unowned = [p for p in range(2, self.last + 1) if p not in self.report.owners]

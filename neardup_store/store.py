@@ -318,8 +318,8 @@ class Store:
             generation = banding["generation"]
         except (TypeError, ValueError, KeyError, AttributeError) as err:
             raise CorruptStoreError(
-                str(self.path), f"its parameters in meta do not decode ({type(err).__name__}: "
-                f"{err})"
+                str(self.path),
+                f"its parameters in meta do not decode ({type(err).__name__}: {err})",
             ) from None
         for name, value in (("generation", generation), ("map_size", meta.get("map_size", 0))):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

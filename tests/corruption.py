@@ -75,7 +75,7 @@ def _variant(rng: random.Random, text: str) -> str:
 def _key(index: int, rng: random.Random) -> str | bytes:
     """Short str keys mostly; some bytes keys; some long keys (hashed index) of both."""
     if index % 29 == 0:
-        return ("long-str-%05d-" % index) + "x" * (420 + rng.randrange(60))
+        return f"long-str-{index:05d}-" + "x" * (420 + rng.randrange(60))
     if index % 31 == 0:
         return b"long-bytes-%05d-" % index + bytes(rng.randrange(256) for _ in range(450))
     if index % 5 == 0:
@@ -113,14 +113,17 @@ def _items(seed: int, documents: int) -> list[tuple[Any, str, Any]]:
             text = _text(rng, 30 + rng.randrange(50))
             base.append(text)
         metadata = None
-        if index % 3 == 0:
+        if index % 37 == 1:  # records larger than a page go to LMDB's overflow pages
+            metadata = {"blob": rng.randbytes(5000 + rng.randrange(4000))}
+        elif index % 3 == 0:
             metadata = {"n": index, "tag": rng.choice(["a", "b"]), "raw": bytes([index % 256])}
         items.append((_key(index, rng), text, metadata))
     return items
 
 
 def build_store(path: Path, seed: int, documents: int = 300) -> None:
-    """A store with texts, metadata, str/bytes/long keys, removals (free pages), reuse."""
+    """A store with texts, metadata (some large), str/bytes/long keys, removals (so free
+    pages), and adds after the removals (so reused pages)."""
     rng = random.Random(seed + 1)
     items = _items(seed, documents)
     with Store.open(path, create=True) as store:
@@ -186,9 +189,7 @@ def make_reference(path: Path, seed: int, documents: int = 300) -> Reference:
 
 def value_span(reference: Reference, tree: str, key: bytes) -> lmdbfile.Span:
     """Where the value of ``key`` in table ``tree`` lies in the reference file."""
-    return next(
-        s for s in reference.spans if s.tree == tree and s.part == "value" and s.key == key
-    )
+    return next(s for s in reference.spans if s.tree == tree and s.part == "value" and s.key == key)
 
 
 def region_of(reference: Reference, offset: int) -> str:
@@ -232,14 +233,11 @@ def _target_spans(reference: Reference, target: str) -> list[lmdbfile.Span]:
     return [
         s
         for s in spans
-        if s.part in ("key", "value")
-        and (s.tree in tree if tree else s.tree.startswith("band."))
+        if s.part in ("key", "value") and (s.tree in tree if tree else s.tree.startswith("band."))
     ]
 
 
-def choose_offsets(
-    reference: Reference, target: str, rng: random.Random
-) -> list[int]:
+def choose_offsets(reference: Reference, target: str, rng: random.Random) -> list[int]:
     """Offsets to flip for one trial of kind ``target``."""
     if target == "random":
         return [rng.randrange(reference.file_size) for _ in range(rng.choice((1, 1, 2, 3, 8)))]
@@ -261,6 +259,7 @@ class Trial:
     regions: list[str]
     outcome: str  # detected, harmless, undetected, crash
     detail: str
+    repair: str = ""  # after ``check --repair`` (when asked): see :func:`repair_outcome`
 
 
 def _subprocess_env() -> dict[str, str]:
@@ -358,16 +357,22 @@ def flip(path: Path, flips: list[tuple[int, int]]) -> None:
             file.write(bytes([old[0] ^ mask]))
 
 
-def run_trial(reference: Reference, workdir: Path, target: str, rng: random.Random) -> Trial:
+def run_trial(
+    reference: Reference, workdir: Path, target: str, rng: random.Random, repair: bool = False
+) -> Trial:
     """Random flips of kind ``target`` (see :data:`TARGETS`), then :func:`run_flips`."""
     offsets = choose_offsets(reference, target, rng)
     bits = rng.random() < 0.5
     flips = [(o, 1 << rng.randrange(8) if bits else rng.randrange(1, 256)) for o in offsets]
-    return run_flips(reference, workdir, target, flips)
+    return run_flips(reference, workdir, target, flips, repair)
 
 
 def run_flips(
-    reference: Reference, workdir: Path, target: str, flips: list[tuple[int, int]]
+    reference: Reference,
+    workdir: Path,
+    target: str,
+    flips: list[tuple[int, int]],
+    repair: bool = False,
 ) -> Trial:
     """One trial with chosen flips: copy the reference, flip, check, classify."""
     copy = workdir / "trial"
@@ -379,7 +384,28 @@ def run_flips(
     if outcome == "clean":
         outcome, detail = compare_probes(copy, reference)
     regions = [region_of(reference, o) for o, _ in flips]
-    return Trial(target, flips, regions, outcome, detail)
+    repaired = repair_outcome(copy, reference) if repair and outcome == "detected" else ""
+    return Trial(target, flips, regions, outcome, detail, repaired)
+
+
+def repair_outcome(path: Path, reference: Reference) -> str:
+    """What ``check --repair`` made of a damaged copy; only ``wrong`` and ``crash`` are bad.
+
+    ``restored``: a check is clean after it and the copy means what the reference means;
+    ``unchanged``: it refused (damaged pages, or a store it cannot open) and wrote nothing;
+    ``reported``: it ran and still reports what it could not re-derive (a damaged record);
+    ``wrong``: it called the store clean, but the store means something else now.
+    """
+    before = (path / "data.mdb").read_bytes()
+    outcome, _ = classify_check(run_check(path, repair=True))
+    if outcome == "crash":
+        return "crash"
+    after, _ = classify_check(run_check(path))
+    if after == "crash":
+        return "crash"
+    if after == "clean":
+        return "restored" if compare_probes(path, reference)[0] == "harmless" else "wrong"
+    return "unchanged" if (path / "data.mdb").read_bytes() == before else "reported"
 
 
 def summarize(trials: list[Trial]) -> dict[str, Any]:
@@ -391,7 +417,9 @@ def summarize(trials: list[Trial]) -> dict[str, Any]:
         by_region[_main_region(trial.regions)][trial.outcome] += 1
         by_target[trial.target][trial.outcome] += 1
     total = Counter(t.outcome for t in trials)
+    repairs = Counter(t.repair for t in trials if t.repair)
     return {
+        "repairs": dict(repairs),
         "trials": len(trials),
         **{name: total[name] for name in outcomes},
         "by_region": {r: {o: c[o] for o in outcomes} for r, c in by_region.items() if c},

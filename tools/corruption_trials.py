@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import corruption  # noqa: E402
+import corruption
 
 RESULTS = Path(__file__).resolve().parent / "results"
+OUTCOMES = ("detected", "harmless", "undetected", "crash")
 
 
 def main() -> None:
@@ -39,6 +40,10 @@ def main() -> None:
         "--random-share", type=float, default=0.4,
         help="share of trials at random offsets; the rest target one region each",
     )  # fmt: skip
+    parser.add_argument(
+        "--repair", action="store_true",
+        help="after each detected trial also run check --repair and classify what it did",
+    )  # fmt: skip
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.perf_counter()
@@ -47,15 +52,10 @@ def main() -> None:
         workdir = Path(tmp)
         reference = corruption.make_reference(workdir / "reference", args.seed, args.documents)
         targets = corruption.TARGETS[1:]
-        for number in range(args.trials):
-            target = "random" if rng.random() < args.random_share else rng.choice(targets)
-            trial = corruption.run_trial(reference, workdir, target, rng)
-            trials.append(trial)
-            if trial.outcome in ("undetected", "crash"):
-                print(f"trial {number}: {trial.outcome} ({trial.target}, {trial.regions}, "
-                      f"flips {trial.flips}): {trial.detail}", flush=True)  # fmt: skip
-            if (number + 1) % 100 == 0:
-                print(f"{number + 1} trials, {time.perf_counter() - started:.0f} s", flush=True)
+        try:
+            _run(args, rng, reference, workdir, targets, trials, started)
+        except KeyboardInterrupt:  # Ctrl-C: summarise the trials run so far
+            print(f"interrupted after {len(trials)} trials")
     summary = corruption.summarize(trials)
     elapsed = time.perf_counter() - started
     _print(summary, elapsed)
@@ -69,13 +69,43 @@ def main() -> None:
                 "elapsed_s": round(elapsed, 1),
                 "summary": summary,
                 "detections": _detections(trials),
-                "failures": [asdict(t) for t in trials if t.outcome in ("undetected", "crash")],
+                "failures": [
+                    asdict(t)
+                    for t in trials
+                    if t.outcome in ("undetected", "crash") or t.repair in ("wrong", "crash")
+                ],
             },
             indent=1,
         )
     )
     print(f"wrote {out}")
-    sys.exit(1 if summary["undetected"] or summary["crash"] else 0)
+    bad_repairs = summary["repairs"].get("wrong", 0) + summary["repairs"].get("crash", 0)
+    sys.exit(1 if summary["undetected"] or summary["crash"] or bad_repairs else 0)
+
+
+def _run(
+    args: argparse.Namespace,
+    rng: random.Random,
+    reference: corruption.Reference,
+    workdir: Path,
+    targets: tuple[str, ...],
+    trials: list[corruption.Trial],
+    started: float,
+) -> None:
+    for number in range(args.trials):
+        target = "random" if rng.random() < args.random_share else rng.choice(targets)
+        trial = corruption.run_trial(reference, workdir, target, rng, args.repair)
+        trials.append(trial)
+        if trial.outcome in ("undetected", "crash") or trial.repair in ("wrong", "crash"):
+            print(f"trial {number}: {trial.outcome} ({trial.target}, {trial.regions}, "
+                  f"flips {trial.flips}): {trial.detail}", flush=True)  # fmt: skip
+        if (number + 1) % 100 == 0:
+            counts = corruption.summarize(trials)
+            print(
+                f"{number + 1} trials, {time.perf_counter() - started:.0f} s: "
+                + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES),
+                flush=True,
+            )
 
 
 def _detections(trials: list[corruption.Trial]) -> dict[str, int]:
@@ -97,6 +127,8 @@ def _print(summary: dict[str, object], elapsed: float) -> None:
         print(f"-- {group.replace('_', ' ')}")
         for name, counts in summary[group].items():  # type: ignore[attr-defined]
             print(f"{name:16}" + "".join(f"{counts[c]:>12}" for c in columns))
+    if summary["repairs"]:
+        print(f"-- check --repair after detected trials: {summary['repairs']}")
 
 
 if __name__ == "__main__":
