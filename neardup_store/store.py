@@ -191,8 +191,9 @@ class Store:
                 raise StoreBusyError(
                     str(self.path), "open a second Store on it in this process (reuse the open one)"
                 ) from None
-            if isinstance(err, _DAMAGE) and _has_lmdb_meta_page(self.path / "data.mdb"):
-                raise CorruptStoreError(str(self.path), f"LMDB cannot open it: {err}") from None
+            damage = _lmdb_file_damage(self.path / "data.mdb")
+            if damage is not None:
+                raise CorruptStoreError(str(self.path), f"LMDB cannot open it: {damage}") from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
         env.reader_check()  # slots left by killed processes
         return env
@@ -767,17 +768,20 @@ def _creation_lock(directory: Path, create: bool) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _has_lmdb_meta_page(path: Path) -> bool:
-    """Whether a file starts like an LMDB file (so LMDB refusing it means it is damaged)."""
+def _lmdb_file_damage(path: Path) -> str | None:
+    """What is wrong with the meta pages of a file that starts like an LMDB file, if
+    anything (then LMDB refusing it means it is damaged, not someone else's file)."""
     try:
         with open(path, "rb") as file:
             head = file.read(2 * 65536)
+            size = os.fstat(file.fileno()).st_size
     except OSError:
-        return False
-    return any(
-        isinstance(meta, lmdbfile.MetaPage) and meta.magic == lmdbfile.MAGIC
-        for meta in lmdbfile.read_meta_pages(head)
-    )
+        return None
+    metas = lmdbfile.read_meta_pages(head)
+    if not any(isinstance(m, lmdbfile.MetaPage) and m.magic == lmdbfile.MAGIC for m in metas):
+        return None
+    problems = lmdbfile.check_meta_pages(metas, size)
+    return problems[0] if problems else None
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
