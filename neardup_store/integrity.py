@@ -25,10 +25,12 @@ those stay reported, for a restore from a backup or an export. Nor is a store re
 whose page structure is damaged: writing through a damaged B-tree can only spread it.
 
 Errors the engine raises while reading (``lmdb.CorruptedError`` and the like) become
-``structure`` findings, never exceptions. A corruption can still crash the engine
-while the store is being *opened*, before the check runs; ``neardup-admin check`` runs
-the open and the check in a child process for that reason (see :mod:`.cli`), while
-:func:`check` itself runs in the caller's process.
+``structure`` findings, never exceptions. The engine reads the tables only after the walk
+found their pages sound, so a damaged length or page number cannot make it read outside
+the map. Opening the store reads ``meta`` and the table of tables through the engine
+before the walk; LMDB checks the pages it reads there itself, and every damage the
+corruption trials (``tools/corruption_trials.py``) put there became a typed
+:class:`~.errors.CorruptStoreError`, never a crash.
 """
 
 from __future__ import annotations
@@ -138,12 +140,13 @@ class _Checker:
         self.good = 0
         self.checked = 0
         self.missing = [0] * store.banding.bands
+        self.stale = False  # the snapshot's meta page was overwritten before the walk
 
     def add(self, kind: str, detail: str, doc_id: int | None = None) -> None:
         self.found.append(Violation(kind, detail, doc_id))
 
-    def run(self) -> None:
-        if not self.structure():
+    def run(self, walk: bool = True) -> None:
+        if walk and (not self.structure() or self.stale):
             return
         try:
             self.tables()
@@ -156,6 +159,7 @@ class _Checker:
         for band in range(self.store.banding.bands):
             expected[codec.band_table_name(self.store._generation, band)] = _BAND_FLAGS
         report = lmdbfile.walk(self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected)
+        self.stale = report.stale
         for problem in report.problems:
             self.add("structure", problem)
         return not report.problems
@@ -374,11 +378,20 @@ def _fill_bands(
             cursor.putmulti(zip(column, ids, strict=True), dupdata=True)
 
 
+_STALE_RETRIES = 5
+
+
 def _run_check(store: Store) -> tuple[int, list[Violation]]:
-    with store.read() as reader:
-        checker = _Checker(store, reader)
-        checker.run()
-        return checker.checked, checker.found
+    # Two commits of other processes between beginning the snapshot and reading its meta
+    # page leave no snapshot to walk: begin again. If writers keep outrunning the walk,
+    # the last try checks the tables without it.
+    for attempt in range(_STALE_RETRIES + 1):
+        with store.read() as reader:
+            checker = _Checker(store, reader)
+            checker.run(walk=attempt < _STALE_RETRIES)
+            if not checker.stale:
+                break
+    return checker.checked, checker.found
 
 
 def _rederive(store: Store) -> Any:

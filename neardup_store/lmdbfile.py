@@ -118,6 +118,8 @@ class FileReport:
         entries: entries per named table (duplicates counted), as walked.
         owners: which tree each page belongs to (``FREE`` for the free list's pages).
         spans: byte ranges by meaning, when :func:`walk` was asked for them.
+        stale: the snapshot asked for is no longer on a meta page (writers committed
+            twice since it began): nothing was walked, and nothing is wrong.
     """
 
     problems: list[str] = field(default_factory=list)
@@ -127,6 +129,7 @@ class FileReport:
     entries: dict[bytes, int] = field(default_factory=dict)
     owners: dict[int, str] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
+    stale: bool = False
 
 
 class _DamagedError(Exception):
@@ -575,6 +578,9 @@ def _walk_bytes(
         if txnid is None
         else next((m for m in good if m.txnid == txnid), None)
     )
+    moved_on = txnid is not None and good and min(m.txnid for m in good) > txnid
+    if chosen is None and moved_on and not problems:  # meta pages only move forward
+        return FileReport(txnid=txnid, stale=True)
     if chosen is None or chosen.page_size not in _PAGE_SIZES:
         report = FileReport(problems=problems or ["no usable meta page"])
         if txnid is not None and not problems:

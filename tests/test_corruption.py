@@ -221,3 +221,15 @@ def test_check_subprocess_reports_clean_on_the_reference(reference: Reference) -
     result = run_check(reference.path)
     assert isinstance(result, subprocess.CompletedProcess)
     assert classify_check(result) == ("clean", "")
+
+
+def test_lmdb_refusing_a_damaged_meta_page_is_a_typed_error(
+    reference: Reference, workdir: Path
+) -> None:
+    """py-lmdb raises a plain ``lmdb.Error`` for an unknown data version (trial finding)."""
+    copy = workdir / "copy"
+    shutil.copytree(reference.path, copy)
+    flip(copy, [(lmdbfile.PAGE_HEADER + 4, 0x10)])  # meta page 0: data version 1 -> 17
+    with pytest.raises(CorruptStoreError) as raised:
+        Store.open(copy, read_only=True)
+    assert "data version 17" in str(raised.value)
