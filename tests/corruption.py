@@ -361,10 +361,14 @@ def run_trial(
     reference: Reference, workdir: Path, target: str, rng: random.Random, repair: bool = False
 ) -> Trial:
     """Random flips of kind ``target`` (see :data:`TARGETS`), then :func:`run_flips`."""
+    return run_flips(reference, workdir, target, plan_flips(reference, target, rng), repair)
+
+
+def plan_flips(reference: Reference, target: str, rng: random.Random) -> list[tuple[int, int]]:
+    """``(offset, xor mask)`` pairs for one trial: single bits or whole random bytes."""
     offsets = choose_offsets(reference, target, rng)
     bits = rng.random() < 0.5
-    flips = [(o, 1 << rng.randrange(8) if bits else rng.randrange(1, 256)) for o in offsets]
-    return run_flips(reference, workdir, target, flips, repair)
+    return [(o, 1 << rng.randrange(8) if bits else rng.randrange(1, 256)) for o in offsets]
 
 
 def run_flips(

@@ -17,9 +17,12 @@ import argparse
 import json
 import platform
 import random
+import signal
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,7 +47,12 @@ def main() -> None:
         "--repair", action="store_true",
         help="after each detected trial also run check --repair and classify what it did",
     )  # fmt: skip
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="trials run at once (each is two subprocesses; the flips do not depend on it)",
+    )  # fmt: skip
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill: summarise, as Ctrl-C
     rng = random.Random(args.seed)
     started = time.perf_counter()
     trials: list[corruption.Trial] = []
@@ -92,20 +100,41 @@ def _run(
     trials: list[corruption.Trial],
     started: float,
 ) -> None:
-    for number in range(args.trials):
+    # Every trial's flips are drawn up front, so the results do not depend on --workers.
+    plans = []
+    for _ in range(args.trials):
         target = "random" if rng.random() < args.random_share else rng.choice(targets)
-        trial = corruption.run_trial(reference, workdir, target, rng, args.repair)
-        trials.append(trial)
-        if trial.outcome in ("undetected", "crash") or trial.repair in ("wrong", "crash"):
-            print(f"trial {number}: {trial.outcome} ({trial.target}, {trial.regions}, "
-                  f"flips {trial.flips}): {trial.detail}", flush=True)  # fmt: skip
-        if (number + 1) % 100 == 0:
-            counts = corruption.summarize(trials)
-            print(
-                f"{number + 1} trials, {time.perf_counter() - started:.0f} s: "
-                + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES),
-                flush=True,
-            )
+        plans.append((target, corruption.plan_flips(reference, target, rng)))
+    local = threading.local()
+    lock = threading.Lock()
+
+    def one(number: int) -> None:
+        if not hasattr(local, "dir"):
+            local.dir = Path(tempfile.mkdtemp(dir=workdir))
+        target, flips = plans[number]
+        trial = corruption.run_flips(reference, local.dir, target, flips, args.repair)
+        with lock:
+            trials.append(trial)
+            if trial.outcome in ("undetected", "crash") or trial.repair in ("wrong", "crash"):
+                print(f"trial {number}: {trial.outcome} ({trial.target}, {trial.regions}, "
+                      f"flips {trial.flips}): {trial.detail}", flush=True)  # fmt: skip
+            if len(trials) % 100 == 0:
+                counts = corruption.summarize(trials)
+                print(
+                    f"{len(trials)} trials, {time.perf_counter() - started:.0f} s: "
+                    + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES),
+                    flush=True,
+                )
+
+    with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = [pool.submit(one, number) for number in range(args.trials)]
+        try:
+            for future in futures:
+                future.result()
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _detections(trials: list[corruption.Trial]) -> dict[str, int]:
