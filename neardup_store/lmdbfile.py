@@ -186,6 +186,8 @@ def check_meta_pages(metas: list[MetaPage | str], file_size: int) -> list[str]:
             problems.append(f"{where}: page size {meta.page_size} is not a power of two")
         elif (meta.last_page + 1) * meta.page_size > file_size:
             problems.append(f"{where}: last page {meta.last_page} lies beyond the file")
+        if meta.main.pad or meta.main.flags & (_UNSUPPORTED | DUPSORT | DUPFIXED):
+            problems.append(f"{where}: the main table's record is damaged")
         if meta.txnid and meta.txnid % 2 != meta.page:
             problems.append(f"{where}: transaction {meta.txnid} cannot be on this page")
     if len(good) == 2:

@@ -191,7 +191,7 @@ class Store:
                 raise StoreBusyError(
                     str(self.path), "open a second Store on it in this process (reuse the open one)"
                 ) from None
-            damage = _lmdb_file_damage(self.path / "data.mdb")
+            damage = _lmdb_file_damage(self.path / "data.mdb", err)
             if damage is not None:
                 raise CorruptStoreError(str(self.path), f"LMDB cannot open it: {damage}") from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
@@ -768,9 +768,10 @@ def _creation_lock(directory: Path, create: bool) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _lmdb_file_damage(path: Path) -> str | None:
-    """What is wrong with the meta pages of a file that starts like an LMDB file, if
-    anything (then LMDB refusing it means it is damaged, not someone else's file)."""
+def _lmdb_file_damage(path: Path, err: lmdb.Error) -> str | None:
+    """What is wrong with a file that starts like an LMDB file but that LMDB refused, or
+    ``None`` when it is not an LMDB file or the refusal is not about its bytes (such as
+    a permission error)."""
     try:
         with open(path, "rb") as file:
             head = file.read(2 * 65536)
@@ -781,7 +782,9 @@ def _lmdb_file_damage(path: Path) -> str | None:
     if not any(isinstance(m, lmdbfile.MetaPage) and m.magic == lmdbfile.MAGIC for m in metas):
         return None
     problems = lmdbfile.check_meta_pages(metas, size)
-    return problems[0] if problems else None
+    if problems:
+        return problems[0]
+    return str(err) if isinstance(err, _DAMAGE) else None
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:

@@ -233,3 +233,16 @@ def test_lmdb_refusing_a_damaged_meta_page_is_a_typed_error(
     with pytest.raises(CorruptStoreError) as raised:
         Store.open(copy, read_only=True)
     assert "data version 17" in str(raised.value)
+
+
+def test_damaged_main_table_record_in_the_meta_page_is_a_typed_error(
+    reference: Reference, workdir: Path
+) -> None:
+    """Trial finding: LMDB answers MDB_INVALID, which is no reason to call it foreign."""
+    newest = max(_meta_pages(reference), key=lambda m: m.txnid)
+    copy = workdir / "copy"
+    shutil.copytree(reference.path, copy)
+    flip(copy, [(newest.page * 4096 + lmdbfile.PAGE_HEADER + 75, 0xD0)])  # main's md_pad
+    with pytest.raises(CorruptStoreError) as raised:
+        Store.open(copy, read_only=True)
+    assert "main table" in str(raised.value)
