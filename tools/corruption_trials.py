@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -142,7 +143,9 @@ def _detections(trials: list[corruption.Trial]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for trial in trials:
         if trial.outcome == "detected":
-            how = trial.detail if trial.detail.startswith("check") else trial.detail[:60]
+            how = trial.detail
+            if not how.startswith("check"):  # the error's kind, without the copy's path
+                how = re.sub(r"Error: \S+: ", "Error: ", how).split("(")[0].strip()
             counts[how] = counts.get(how, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
