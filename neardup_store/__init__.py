@@ -9,6 +9,7 @@ from .clusters import connected_components, duplicate_groups, verified_pairs
 from .errors import (
     BatchTypeError,
     CorruptRecordError,
+    CorruptStoreError,
     DuplicateKeyError,
     EmptyDocumentError,
     ForkedStoreError,
@@ -77,6 +78,7 @@ __all__ = [
     "CheckReport",
     "CompactReport",
     "CorruptRecordError",
+    "CorruptStoreError",
     "Document",
     "DuplicateKeyError",
     "EmptyDocumentError",

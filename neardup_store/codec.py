@@ -16,6 +16,13 @@ values are little-endian.
     ``commit_counter``   int, +1 on every committed write transaction.
     ``next_doc_id``      int, the next internal document id to hand out.
     ``map_size``         int, the map size in bytes the store last grew to.
+    ``meta_checksum``    int, xxh64 (seed 0) of the stored bytes of ``format``,
+                         ``format_version``, ``config`` and ``banding``, each preceded by
+                         its length (uint32 LE), in that order (:func:`meta_checksum`).
+                         These entries give the data its meaning and nothing else in the
+                         store can vouch for them (a changed ``threshold`` or shingle
+                         size reads back as valid). Stores written before it was added
+                         lack it and are read unverified.
 
 ``docs`` — document id (8 bytes, big-endian uint64) → document record
     ==========  =====================================================================
@@ -83,6 +90,20 @@ KEYS_DB = b"keys"
 MAX_KEY_BYTES = 16 * 1024
 INLINE_KEY_BYTES = 400
 MAX_METADATA_BYTES = 64 * 1024
+
+REQUIRED_META = (
+    "format",
+    "format_version",
+    "package_version",
+    "config",
+    "banding",
+    "commit_counter",
+    "next_doc_id",
+    "map_size",
+)
+"""The ``meta`` entries every store has (``meta_checksum`` is optional: older stores)."""
+SEALED_META = ("format", "format_version", "config", "banding")
+"""The ``meta`` entries :func:`meta_checksum` covers."""
 
 _HEADER = struct.Struct("<BBHI")
 _CHECKSUM = struct.Struct("<Q")
@@ -249,6 +270,15 @@ def record_key(data: bytes, doc_id: int | None = None) -> tuple[bytes, bool]:
     """Only the key of a record (verified): its bytes and whether it is a ``str``."""
     flags, _, raw_key, _, _ = _split_record(data, doc_id)
     return raw_key, bool(flags & _FLAG_STR_KEY)
+
+
+def meta_checksum(raw: dict[str, bytes]) -> int:
+    """Checksum of the stored bytes of the :data:`SEALED_META` entries (missing: empty)."""
+    digest = xxhash.xxh64()
+    for name in SEALED_META:
+        value = raw.get(name, b"")
+        digest.update(struct.pack("<I", len(value)) + value)
+    return digest.intdigest()
 
 
 def pack_meta(value: object) -> bytes:

@@ -101,7 +101,8 @@ class FormatVersionError(NeardupError, ValueError):
         super().__init__(
             f"{path}: store format v{found}, this release reads v{supported}; open it with "
             "the release that wrote it and export it (`neardup-admin export`), then import "
-            "the export here"
+            "the export here (if no other release wrote it, the store is corrupt: restore "
+            "it from a backup)"
         )
         self.path, self.found, self.supported = path, found, supported
 
@@ -241,6 +242,17 @@ class StoreClosedError(NeardupError, RuntimeError):
     def __init__(self, what: str) -> None:
         super().__init__(f"the {what} is closed; open a new one")
         self.what = what
+
+
+class CorruptStoreError(NeardupError, ValueError):
+    """The store's own structure (LMDB pages, tables, ``meta``) is damaged."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"{path}: the store is corrupt ({detail}); restore it from a backup, or export "
+            "what is readable from a copy and import it into a new store"
+        )
+        self.path, self.detail = path, detail
 
 
 class CorruptRecordError(NeardupError, ValueError):

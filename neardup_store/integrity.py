@@ -3,9 +3,14 @@
 The document records are the truth; the ``keys`` table and the band tables are indexes
 derived from them. :func:`check` verifies, in one snapshot:
 
+* LMDB's page structure, read from the file without the engine (:mod:`.lmdbfile`): meta
+  pages, every B-tree, page and entry counts, and that every page is in use or free
+  exactly once. When that finds damage, the engine is not asked to read the tables
+  (it trusts every byte and could crash the process); the damage is the finding;
 * ``meta`` is well formed: the format marker and version, a decodable ``config`` and
-  ``banding`` equal to what the store was opened with, ``next_doc_id`` above every id,
-  integer counters; and no table exists that the format does not name;
+  ``banding`` equal to what the store was opened with and matching ``meta_checksum``,
+  ``next_doc_id`` above every id, integer counters; and no table exists that the format
+  does not name;
 * every record decodes, its checksum is right and its signature has ``num_perm`` values;
 * every record's key index is in ``keys`` and points back to it, and every ``keys``
   entry points to a record with that key;
@@ -16,7 +21,16 @@ derived from them. :func:`check` verifies, in one snapshot:
 
 ``repair=True`` rebuilds the derived tables (keys and bands) from the records in one
 write transaction and checks again. A damaged record or ``meta`` cannot be re-derived:
-those stay reported, for a restore from a backup or an export.
+those stay reported, for a restore from a backup or an export. Nor is a store repaired
+whose page structure is damaged: writing through a damaged B-tree can only spread it.
+
+Errors the engine raises while reading (``lmdb.CorruptedError`` and the like) become
+``structure`` findings, never exceptions. The engine reads the tables only after the walk
+found their pages sound, so a damaged length or page number cannot make it read outside
+the map. Opening the store reads ``meta`` and the table of tables through the engine
+before the walk; LMDB checks the pages it reads there itself, and every damage the
+corruption trials (``tools/corruption_trials.py``) put there became a typed
+:class:`~.errors.CorruptStoreError`, never a crash.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from . import codec
+from . import codec, lmdbfile
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
 
@@ -38,6 +52,7 @@ if TYPE_CHECKING:
     from .txn import ReadTxn, WriteTxn
 
 VIOLATION_KINDS: tuple[str, ...] = (
+    "structure",  # LMDB's pages are damaged, or LMDB failed reading: restore from a backup
     "meta",  # a meta entry is missing, undecodable or disagrees with the store
     "stray-table",  # a table the format does not name (repair drops it)
     "doc-id",  # a docs key that is not an id, or an id >= next_doc_id (repair fixes the latter)
@@ -52,16 +67,7 @@ VIOLATION_KINDS: tuple[str, ...] = (
 """Every ``Violation.kind``, with what it means."""
 
 _BATCH = 1024
-_REQUIRED_META = (
-    "format",
-    "format_version",
-    "package_version",
-    "config",
-    "banding",
-    "commit_counter",
-    "next_doc_id",
-    "map_size",
-)
+_BAND_FLAGS = lmdbfile.DUPSORT | lmdbfile.DUPFIXED
 
 
 @dataclass(frozen=True)
@@ -134,11 +140,31 @@ class _Checker:
         self.good = 0
         self.checked = 0
         self.missing = [0] * store.banding.bands
+        self.stale = False  # the snapshot's meta page was overwritten before the walk
 
     def add(self, kind: str, detail: str, doc_id: int | None = None) -> None:
         self.found.append(Violation(kind, detail, doc_id))
 
-    def run(self) -> None:
+    def run(self, walk: bool = True) -> None:
+        if walk and (not self.structure() or self.stale):
+            return
+        try:
+            self.tables()
+        except lmdb.Error as err:  # the walk found nothing, yet the engine failed
+            self.add("structure", f"LMDB failed reading the tables: {err}")
+
+    def structure(self) -> bool:
+        """Walk LMDB's pages of this snapshot; whether they are sound."""
+        expected = {name: 0 for name in (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB)}
+        for band in range(self.store.banding.bands):
+            expected[codec.band_table_name(self.store._generation, band)] = _BAND_FLAGS
+        report = lmdbfile.walk(self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected)
+        self.stale = report.stale
+        for problem in report.problems:
+            self.add("structure", problem)
+        return not report.problems
+
+    def tables(self) -> None:
         next_id = self.meta()
         for name in _stray_tables(self.store, self.txn):
             self.add("stray-table", f"table {name!r} is not part of this store's format")
@@ -152,13 +178,19 @@ class _Checker:
 
     def meta(self) -> int | None:
         meta: dict[str, Any] = {}
+        raw: dict[str, bytes] = {}
         with self.txn.cursor(db=self.store._meta_db) as cursor:
             for name, value in cursor:
                 try:
-                    meta[bytes(name).decode()] = codec.unpack_meta(value)
+                    text = bytes(name).decode()
+                    meta[text] = codec.unpack_meta(value)
+                    raw[text] = bytes(value)
                 except ValueError as err:
                     self.add("meta", f"meta entry {bytes(name)!r} does not decode ({err})")
-        for name in _REQUIRED_META:
+        checksum = meta.get("meta_checksum")
+        if checksum is not None and checksum != codec.meta_checksum(raw):
+            self.add("meta", "meta_checksum does not match format, config and banding")
+        for name in codec.REQUIRED_META:
             if name not in meta:
                 self.add("meta", f"meta entry {name!r} is missing")
         if meta.get("format", codec.FORMAT_NAME) != codec.FORMAT_NAME:
@@ -346,11 +378,20 @@ def _fill_bands(
             cursor.putmulti(zip(column, ids, strict=True), dupdata=True)
 
 
+_STALE_RETRIES = 5
+
+
 def _run_check(store: Store) -> tuple[int, list[Violation]]:
-    with store.read() as reader:
-        checker = _Checker(store, reader)
-        checker.run()
-        return checker.checked, checker.found
+    # Two commits of other processes between beginning the snapshot and reading its meta
+    # page leave no snapshot to walk: begin again. If writers keep outrunning the walk,
+    # the last try checks the tables without it.
+    for attempt in range(_STALE_RETRIES + 1):
+        with store.read() as reader:
+            checker = _Checker(store, reader)
+            checker.run(walk=attempt < _STALE_RETRIES)
+            if not checker.stale:
+                break
+    return checker.checked, checker.found
 
 
 def _rederive(store: Store) -> Any:
@@ -418,7 +459,8 @@ def check(store: Store, repair: bool = False) -> CheckReport:
     if repair:
         store._check_writable()
     checked, found = _run_check(store)
-    if not (repair and found):
+    damaged = any(v.kind == "structure" for v in found)
+    if not (repair and found) or damaged:
         return CheckReport(checked, found, False, list(found))
     operation = _rederive(store)
     with store.write() as writer:

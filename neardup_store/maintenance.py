@@ -611,6 +611,7 @@ def _rebanding(
                 progress(count)
         value = dict(bands=banding.bands, rows=banding.rows, threshold=threshold)
         txn.put(b"banding", codec.pack_meta({**value, "generation": generation}), db=store._meta_db)
+        store._seal_meta(txn)
         return count
 
     return run

@@ -44,9 +44,10 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from . import _faults, codec
+from . import _faults, codec, lmdbfile
 from ._version import __version__
 from .errors import (
+    CorruptStoreError,
     ForkedStoreError,
     FormatVersionError,
     InvalidParameterError,
@@ -85,13 +86,27 @@ _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _OPENED_BY: dict[tuple[int, int] | None, int] = {}
 """Store directory (device, inode) -> pid of the process whose environment has it open: a
 forked child inherits the map, and must be told it is a child, not that it opened twice."""
+FULL_DISK_SLACK = 1 << 20
+"""Free bytes below which a disk counts as full when LMDB reports a write as an I/O error."""
+
+_DAMAGE = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidError,
+    lmdb.VersionMismatchError,
+    lmdb.BadValsizeError,
+    lmdb.BadTxnError,
+    lmdb.IncompatibleError,
+    lmdb.PanicError,
+    lmdb.CursorFullError,
+)
+"""LMDB errors that mean its file is damaged (LMDB keeps no checksums, so a flipped byte
+surfaces as one of these, if at all)."""
 
 
 def _identity(directory: Path) -> tuple[int, int]:
     info = directory.stat()
     return info.st_dev, info.st_ino
-FULL_DISK_SLACK = 1 << 20
-"""Free bytes below which a disk counts as full when LMDB reports a write as an I/O error."""
 
 
 class Store:
@@ -227,6 +242,9 @@ class Store:
                 raise StoreBusyError(
                     str(self.path), "open a second Store on it in this process (reuse the open one)"
                 ) from None
+            damage = _lmdb_file_damage(self.path / "data.mdb", err)
+            if damage is not None:
+                raise CorruptStoreError(str(self.path), f"LMDB cannot open it: {damage}") from None
             raise NotAStoreError(str(self.path), f"LMDB could not open it: {err}") from None
         env.reader_check()  # slots left by killed processes
         self._identity = _identity(self.path)
@@ -261,6 +279,7 @@ class Store:
             }
             for name, value in values.items():
                 txn.put(name.encode(), codec.pack_meta(value), db=meta_db)
+            self._seal_meta(txn, meta_db)
             env.open_db(codec.DOCS_DB, txn=txn)
             env.open_db(codec.KEYS_DB, txn=txn)
             for band in range(params.banding.bands):
@@ -295,41 +314,91 @@ class Store:
         # An explicit map_size is honoured as at creation, but never below the size reached.
         size = max(map_size or DEFAULT_MAP_SIZE, int(meta.get("map_size", 0)))
         self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
-        self._attach(params, generation=int(meta["banding"]["generation"]))
+        try:
+            self._attach(params, generation=meta["banding"]["generation"])
+        except lmdb.Error as err:  # a table is missing or its record is damaged
+            raise CorruptStoreError(str(self.path), f"LMDB cannot open its tables: {err}") from None
 
     def _read_all_meta(self, env: lmdb.Environment) -> dict[str, Any]:
+        path = str(self.path)
         try:
             meta_db = env.open_db(codec.META_DB, create=False)
-        except lmdb.NotFoundError:
-            raise NotAStoreError(
-                str(self.path), "an LMDB environment without a meta table"
-            ) from None
-        except lmdb.Error as err:
-            raise NotAStoreError(str(self.path), f"unreadable: {err}") from None
-        try:
-            txn = env.begin(db=meta_db)
+            with env.begin(db=meta_db) as txn:
+                raw = {bytes(k): bytes(v) for k, v in txn.cursor()}
         except lmdb.ReadersFullError:
-            raise TooManyReadersError(str(self.path), int(env.info()["max_readers"])) from None
-        with txn:
+            raise TooManyReadersError(path, int(env.info()["max_readers"])) from None
+        except lmdb.NotFoundError:
+            if self._names_store_tables(env):
+                raise CorruptStoreError(path, "its meta table is missing") from None
+            raise NotAStoreError(path, "an LMDB environment without a meta table") from None
+        except lmdb.Error as err:
+            # INCOMPATIBLE: "meta" is a plain key here, as in other applications' files.
+            damage = isinstance(err, _DAMAGE) and not isinstance(err, lmdb.IncompatibleError)
+            if damage or self._names_store_tables(env):
+                raise CorruptStoreError(path, f"LMDB cannot read its meta table: {err}") from None
+            raise NotAStoreError(path, f"unreadable: {err}") from None
+        meta: dict[str, Any] = {}
+        undecodable = []
+        for name, value in raw.items():
             try:  # UTF-8 and msgpack decoding errors are ValueErrors
-                meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor()}
+                meta[name.decode()] = codec.unpack_meta(value)
             except ValueError as err:
-                raise NotAStoreError(str(self.path), f"undecodable meta table ({err})") from None
-        if meta.get("format") != codec.FORMAT_NAME:
-            raise NotAStoreError(str(self.path), "its meta table does not mark a neardup_store")
-        if meta.get("format_version") != codec.FORMAT_VERSION:
-            raise FormatVersionError(
-                str(self.path), meta.get("format_version"), codec.FORMAT_VERSION
-            )
+                undecodable.append(f"meta entry {name!r} does not decode ({err})")
+        # Ours if marked so, or if it holds our other entries: then damage is corruption.
+        ours = meta.get("format") == codec.FORMAT_NAME or (
+            len(set(meta) & set(codec.REQUIRED_META[1:])) >= 2
+        )
+        if not ours:
+            detail = undecodable[0] if undecodable else "its meta table does not mark a store"
+            raise NotAStoreError(path, f"{detail}; not a neardup_store")
+        if undecodable:
+            raise CorruptStoreError(path, undecodable[0])
+        # Only what opening needs; check reports the others as missing.
+        missing = [name for name in codec.SEALED_META if name not in meta]
+        if missing:
+            raise CorruptStoreError(path, f"meta entries {missing} are missing")
+        if meta["format"] != codec.FORMAT_NAME:
+            raise CorruptStoreError(path, f"its format marker reads {meta['format']!r}")
+        version = meta["format_version"]
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CorruptStoreError(path, f"format_version is {version!r}")
+        if version != codec.FORMAT_VERSION:
+            raise FormatVersionError(path, version, codec.FORMAT_VERSION)
+        checksum = meta.get("meta_checksum")
+        expected = codec.meta_checksum({k.decode(): v for k, v in raw.items()})
+        if checksum is not None and checksum != expected:
+            raise CorruptStoreError(path, "the checksum of its parameters in meta does not match")
         return meta
 
-    def _params_from_meta(self, meta: dict[str, Any]) -> StoreParams:
-        banding = meta["banding"]
-        return StoreParams(
-            MinHashConfig.from_dict(meta["config"]),
-            LSHParams(banding["bands"], banding["rows"]),
-            float(banding["threshold"]),
+    def _names_store_tables(self, env: lmdb.Environment) -> bool:
+        """Whether LMDB's table of tables names any of ours (then damage is corruption)."""
+        try:
+            with env.begin() as txn:
+                names = {bytes(name) for name, _ in txn.cursor()}
+        except lmdb.Error:
+            return True  # the table of tables itself is unreadable: LMDB file, damaged
+        return bool(names & {codec.DOCS_DB, codec.KEYS_DB}) or any(
+            n.startswith(b"band.") for n in names
         )
+
+    def _params_from_meta(self, meta: dict[str, Any]) -> StoreParams:
+        try:
+            banding = meta["banding"]
+            params = StoreParams(
+                MinHashConfig.from_dict(meta["config"]),
+                LSHParams(banding["bands"], banding["rows"]),
+                float(banding["threshold"]),
+            )
+            generation = banding["generation"]
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            raise CorruptStoreError(
+                str(self.path),
+                f"its parameters in meta do not decode ({type(err).__name__}: {err})",
+            ) from None
+        for name, value in (("generation", generation), ("map_size", meta.get("map_size", 0))):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise CorruptStoreError(str(self.path), f"meta {name} is {value!r}")
+        return params
 
     def _check_asked(self, params: StoreParams, asked: tuple[Any, ...]) -> None:
         threshold, num_perm, scheme, seed, shingles, bands, rows = asked
@@ -569,6 +638,12 @@ class Store:
         env = self._require_env()
         self._resize(max(2 * int(env.info()["map_size"]), 2 * self._used_bytes()))
         return self._begin(write=True)
+
+    def _seal_meta(self, txn: lmdb.Transaction, meta_db: Any = None) -> None:
+        """Record :func:`codec.meta_checksum` after a sealed ``meta`` entry was written."""
+        meta_db = self._meta_db if meta_db is None else meta_db
+        raw = {name: bytes(txn.get(name.encode(), b"", db=meta_db)) for name in codec.SEALED_META}
+        txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
 
     def _read_meta(self, txn: lmdb.Transaction, name: str) -> Any:
         return codec.unpack_meta(txn.get(name.encode(), db=self._meta_db))
@@ -850,6 +925,25 @@ def _remove_compaction_leftovers(directory: Path) -> None:
     for leftover in directory.glob(".compact-*"):
         if leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _lmdb_file_damage(path: Path, err: lmdb.Error) -> str | None:
+    """What is wrong with a file that starts like an LMDB file but that LMDB refused, or
+    ``None`` when it is not an LMDB file or the refusal is not about its bytes (such as
+    a permission error)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(2 * 65536)
+            size = os.fstat(file.fileno()).st_size
+    except OSError:
+        return None
+    metas = lmdbfile.read_meta_pages(head)
+    if not any(isinstance(m, lmdbfile.MetaPage) and m.magic == lmdbfile.MAGIC for m in metas):
+        return None
+    problems = lmdbfile.check_meta_pages(metas, size)
+    if problems:
+        return problems[0]
+    return str(err) if isinstance(err, _DAMAGE) else None
 
 
 def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:

@@ -334,11 +334,11 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
                         (int(expected_bands[1, band]).to_bytes(8, "big"), codec.encode_id(1)),
                     ]
                 )
-            values: dict[str, Any] = {
-                bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor(db=meta)
-            }
+            raw = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=meta)}
     finally:
         env.close()
+    values: dict[str, Any] = {name: codec.unpack_meta(value) for name, value in raw.items()}
+    assert values.pop("meta_checksum") == codec.meta_checksum(raw)
     map_size = values.pop("map_size")
     assert isinstance(map_size, int) and map_size > 0
     assert values == {

@@ -249,6 +249,15 @@ def _missing_meta_entry(path: Path) -> None:
     _delete(path, codec.META_DB, b"package_version")
 
 
+def _damaged_page(path: Path) -> None:
+    """A flipped bit in a page count LMDB keeps but never reads back: only the walk sees it."""
+    with open(path / "data.mdb", "r+b") as file:
+        pages = [file.read(4096), file.read(4096)]
+        newest = max((0, 1), key=lambda i: int.from_bytes(pages[i][144:152], "little"))
+        file.seek(newest * 4096 + 104)  # mm_dbs[MAIN].md_leaf_pages: only a count
+        file.write(bytes([pages[newest][104] ^ 0x04]))
+
+
 CORRUPTIONS = [
     # (inject, the kinds check must report, repair fixes it)
     (_wrong_bucket, {"band-orphan"}, True),
@@ -262,6 +271,7 @@ CORRUPTIONS = [
     (_flipped_byte, {"corrupt-record"}, False),
     (_short_signature, {"signature-length"}, False),
     (_missing_meta_entry, {"meta"}, False),
+    (_damaged_page, {"structure"}, False),
 ]
 
 
@@ -297,7 +307,8 @@ def test_check_finds_real_corruption_and_repair_fixes_what_it_can(
 
         repaired = damaged.check(repair=True)
 
-        assert repaired.repaired and repaired.kinds() == kinds
+        # Writing through damaged LMDB pages could only spread the damage: no repair.
+        assert repaired.repaired == (kinds != {"structure"}) and repaired.kinds() == kinds
         if repairable:
             assert repaired.ok and repaired.remaining == [] and damaged.check().ok
             text = corpus.documents["doc-0005"]
