@@ -172,9 +172,9 @@ def run_dedup(
 
 
 def _check_unique_ids(docs: DataFrame) -> None:
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
-    repeated = docs.groupBy("id").count().filter(F.col("count") > 1).limit(3).collect()
+    repeated = docs.groupBy("id").count().filter(sf.col("count") > 1).limit(3).collect()
     if repeated:
         shown = ", ".join(repr(row["id"]) for row in repeated)
         raise InvalidParameterError(
@@ -191,7 +191,7 @@ def _write_outputs(
     pairs: DataFrame,
     members: DataFrame,
 ) -> None:
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     base = uri.rstrip("/")
     if base.startswith("file:"):
@@ -205,23 +205,21 @@ def _write_outputs(
         ).write.text(f"{base}/{PARAMS_FILE}")
     docs.select("ordinal", "id", "signature", "metadata").write.parquet(f"{base}/signatures")
     ids = docs.select("ordinal", "id")
-    first = ids.select(F.col("ordinal").alias("first"), F.col("id").alias("first_id"))
-    second = ids.select(F.col("ordinal").alias("second"), F.col("id").alias("second_id"))
+    first = ids.select(sf.col("ordinal").alias("first"), sf.col("id").alias("first_id"))
+    second = ids.select(sf.col("ordinal").alias("second"), sf.col("id").alias("second_id"))
     pairs.join(first, "first").join(second, "second").select(
-        F.col("first_id").alias("first"), F.col("second_id").alias("second"), "score"
+        sf.col("first_id").alias("first"), sf.col("second_id").alias("second"), "score"
     ).write.json(f"{base}/pairs")
-    rep = ids.select(F.col("ordinal").alias("representative"), F.col("id").alias("rep_id"))
+    rep = ids.select(sf.col("ordinal").alias("representative"), sf.col("id").alias("rep_id"))
     members.join(ids, "ordinal").join(rep, "representative").select(
-        "id", F.col("rep_id").alias("representative")
+        "id", sf.col("rep_id").alias("representative")
     ).write.json(f"{base}/clusters")
-    dropped = members.filter(F.col("ordinal") != F.col("representative")).select("ordinal")
+    dropped = members.filter(sf.col("ordinal") != sf.col("representative")).select("ordinal")
     failed = pipeline.failures(signed)
     kept = lines.join(dropped, "ordinal", "left_anti").join(
         failed.select("ordinal"), "ordinal", "left_anti"
     )
-    kept.filter(F.trim("line") != "").orderBy("ordinal").select("line").write.text(
-        f"{base}/kept"
-    )
+    kept.filter(sf.trim("line") != "").orderBy("ordinal").select("line").write.text(f"{base}/kept")
     failed.write.json(f"{base}/failed")
 
 

@@ -140,9 +140,7 @@ def _sign_batches(
         )
         keys64 = band_keys(sigs, banding, config.seed).view(np.int64) if n else None
         band_offsets = np.arange(0, (n + 1) * banding.bands, banding.bands, dtype=np.int32)
-        band_values = (
-            pa.array(keys64.reshape(-1), pa.int64()) if n else pa.array([], pa.int64())
-        )
+        band_values = pa.array(keys64.reshape(-1), pa.int64()) if n else pa.array([], pa.int64())
         good = pa.RecordBatch.from_arrays(
             [
                 pa.array([int(s.record.source) for s in signed], pa.int64()),
@@ -172,11 +170,11 @@ def _sign_batches(
 
 def with_ordinals(frame: DataFrame) -> DataFrame:
     """Add ``ordinal`` (input position, partition-major) unless the frame has one."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     if "ordinal" in frame.columns:
         return frame
-    return frame.withColumn("ordinal", F.monotonically_increasing_id())
+    return frame.withColumn("ordinal", sf.monotonically_increasing_id())
 
 
 def sign(
@@ -189,12 +187,12 @@ def sign(
             and ``text_col``; an ``ordinal`` column is added if missing.
         params: the configuration and banding (as a store created with them would use).
     """
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     frame = with_ordinals(frame).select(
-        F.col("ordinal").cast("long"),
-        F.col(id_col).cast("string").alias("id"),
-        F.col(text_col).cast("string").alias("text"),
+        sf.col("ordinal").cast("long"),
+        sf.col(id_col).cast("string").alias("id"),
+        sf.col(text_col).cast("string").alias("text"),
     )
     return _run_signing(frame, params, jsonl=False, id_field="id", text_field="text")
 
@@ -253,26 +251,26 @@ class Candidates:
 def candidate_pairs(docs: DataFrame, max_bucket: int = DEFAULT_MAX_BUCKET) -> Candidates:
     """Candidate pairs from shared band keys: all pairs in a bucket of at most
     ``max_bucket`` documents, and member-to-earliest pairs in larger buckets."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     if isinstance(max_bucket, bool) or not isinstance(max_bucket, int) or max_bucket < 2:
         raise InvalidParameterError("max_bucket", max_bucket, "an integer >= 2")
-    entries = docs.select("ordinal", F.posexplode("band_keys").alias("band", "key"))
+    entries = docs.select("ordinal", sf.posexplode("band_keys").alias("band", "key"))
     buckets = (
         entries.groupBy("band", "key")
-        .agg(F.count(F.lit(1)).alias("size"), F.min("ordinal").alias("head"))
-        .filter(F.col("size") >= 2)
+        .agg(sf.count(sf.lit(1)).alias("size"), sf.min("ordinal").alias("head"))
+        .filter(sf.col("size") >= 2)
     )
     members = entries.join(buckets, ["band", "key"])
-    small = members.filter(F.col("size") <= max_bucket).select("band", "key", "ordinal")
+    small = members.filter(sf.col("size") <= max_bucket).select("band", "key", "ordinal")
     left = small.withColumnRenamed("ordinal", "first")
     right = small.withColumnRenamed("ordinal", "second")
-    all_pairs = left.join(right, ["band", "key"]).filter(F.col("first") < F.col("second"))
+    all_pairs = left.join(right, ["band", "key"]).filter(sf.col("first") < sf.col("second"))
     stars = members.filter(
-        (F.col("size") > max_bucket) & (F.col("ordinal") != F.col("head"))
-    ).select(F.col("head").alias("first"), F.col("ordinal").alias("second"))
+        (sf.col("size") > max_bucket) & (sf.col("ordinal") != sf.col("head"))
+    ).select(sf.col("head").alias("first"), sf.col("ordinal").alias("second"))
     pairs = all_pairs.select("first", "second").unionByName(stars).distinct()
-    large = buckets.filter(F.col("size") > max_bucket).select("band", "key", "size", "head")
+    large = buckets.filter(sf.col("size") > max_bucket).select("band", "key", "size", "head")
     return Candidates(pairs, large)
 
 
@@ -290,22 +288,20 @@ def _score_batches(batches: Iterator[pa.RecordBatch], num_perm: int) -> Iterator
         )
 
 
-def verify(
-    candidates: DataFrame, docs: DataFrame, num_perm: int, threshold: float
-) -> DataFrame:
+def verify(candidates: DataFrame, docs: DataFrame, num_perm: int, threshold: float) -> DataFrame:
     """Candidate pairs whose estimated Jaccard (share of equal values) is at least
     ``threshold``: ``(first, second, score)``."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
-    sig_a = docs.select(F.col("ordinal").alias("first"), F.col("signature").alias("sig_a"))
-    sig_b = docs.select(F.col("ordinal").alias("second"), F.col("signature").alias("sig_b"))
+    sig_a = docs.select(sf.col("ordinal").alias("first"), sf.col("signature").alias("sig_a"))
+    sig_b = docs.select(sf.col("ordinal").alias("second"), sf.col("signature").alias("sig_b"))
     joined = candidates.join(sig_a, "first").join(sig_b, "second")
     joined = joined.select("first", "second", "sig_a", "sig_b")
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return _score_batches(batches, num_perm)
 
-    return joined.mapInArrow(run, PAIR_SCHEMA).filter(F.col("score") >= F.lit(threshold))
+    return joined.mapInArrow(run, PAIR_SCHEMA).filter(sf.col("score") >= sf.lit(threshold))
 
 
 def verified_pairs(
@@ -328,41 +324,41 @@ def verified_pairs(
 
 def _large_star(edges: DataFrame) -> DataFrame:
     """Each node links its larger neighbours to the smallest node of its neighbourhood."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
-    both = edges.select(F.col("src").alias("u"), F.col("dst").alias("v")).unionByName(
-        edges.select(F.col("dst").alias("u"), F.col("src").alias("v"))
+    both = edges.select(sf.col("src").alias("u"), sf.col("dst").alias("v")).unionByName(
+        edges.select(sf.col("dst").alias("u"), sf.col("src").alias("v"))
     )
-    smallest = both.groupBy("u").agg(F.least(F.col("u"), F.min("v")).alias("m"))
+    smallest = both.groupBy("u").agg(sf.least(sf.col("u"), sf.min("v")).alias("m"))
     return (
-        both.filter(F.col("v") > F.col("u"))
+        both.filter(sf.col("v") > sf.col("u"))
         .join(smallest, "u")
-        .select(F.col("v").alias("src"), F.col("m").alias("dst"))
+        .select(sf.col("v").alias("src"), sf.col("m").alias("dst"))
         .distinct()
     )
 
 
 def _small_star(edges: DataFrame) -> DataFrame:
     """Each node and its smaller neighbours link to the smallest of them."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
-    smallest = edges.groupBy("src").agg(F.min("dst").alias("m"))
+    smallest = edges.groupBy("src").agg(sf.min("dst").alias("m"))
     joined = edges.join(smallest, "src")
-    leaves = joined.filter(F.col("dst") != F.col("m")).select(
-        F.col("dst").alias("src"), F.col("m").alias("dst")
+    leaves = joined.filter(sf.col("dst") != sf.col("m")).select(
+        sf.col("dst").alias("src"), sf.col("m").alias("dst")
     )
-    centres = smallest.select("src", F.col("m").alias("dst"))
+    centres = smallest.select("src", sf.col("m").alias("dst"))
     return leaves.unionByName(centres).distinct()
 
 
 def _is_star_forest(edges: DataFrame) -> bool:
     """Every node has one edge, to a node that has none: each component is one star."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
-    targets = edges.select(F.col("dst").alias("src")).distinct()
+    targets = edges.select(sf.col("dst").alias("src")).distinct()
     if not edges.join(targets, "src").isEmpty():
         return False
-    return edges.groupBy("src").count().filter(F.col("count") > 1).isEmpty()
+    return edges.groupBy("src").count().filter(sf.col("count") > 1).isEmpty()
 
 
 @dataclass(frozen=True)
@@ -384,13 +380,13 @@ def components(pairs: DataFrame, max_rounds: int = MAX_ROUNDS) -> Components:
         RuntimeError: no convergence in ``max_rounds`` rounds (a bug: the method
             converges in O(log² n) rounds).
     """
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     edges = (
         pairs.select(
-            F.greatest("first", "second").alias("src"), F.least("first", "second").alias("dst")
+            sf.greatest("first", "second").alias("src"), sf.least("first", "second").alias("dst")
         )
-        .filter(F.col("src") != F.col("dst"))
+        .filter(sf.col("src") != sf.col("dst"))
         .distinct()
         .localCheckpoint(eager=True)
     )
@@ -401,9 +397,10 @@ def components(pairs: DataFrame, max_rounds: int = MAX_ROUNDS) -> Components:
         edges = _small_star(_large_star(edges)).localCheckpoint(eager=True)
         rounds += 1
     members = edges.select(
-        F.col("src").alias("ordinal"), F.col("dst").alias("representative")
+        sf.col("src").alias("ordinal"), sf.col("dst").alias("representative")
     ).unionByName(
-        edges.select(F.col("dst").alias("ordinal"), F.col("dst").alias("representative"))
-        .distinct()
+        edges.select(
+            sf.col("dst").alias("ordinal"), sf.col("dst").alias("representative")
+        ).distinct()
     )
     return Components(members, rounds)
