@@ -88,9 +88,9 @@ def _timed(seconds: dict[str, float], stage: str, action: Callable[[], Any]) -> 
     return result
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidParameterError("out", str(out), "a new or empty directory")
+def _check_empty(name: str, path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InvalidParameterError(name, str(path), "a new or empty directory")
 
 
 def run_dedup(
@@ -121,7 +121,7 @@ def run_dedup(
     """
     out_path = Path(out)
     if "://" not in str(out):
-        _check_out(out_path)
+        _check_empty("out", out_path)
         out_path.mkdir(parents=True, exist_ok=True)
     uri = str(out) if "://" in str(out) else out_path.resolve().as_uri()
     seconds: dict[str, float] = {}
@@ -278,7 +278,7 @@ def bulk_load(
         RuntimeError: the finished store fails :meth:`Store.check` (a bug).
     """
     target = Path(path)
-    _check_out(target)
+    _check_empty("path", target)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidParameterError("batch_size", batch_size, "a positive integer")
     started = time.perf_counter()
@@ -340,7 +340,10 @@ def load_output(
     progress: Callable[[int], None] | None = None,
 ) -> LoadReport:
     """Bulk-load the signatures of a :func:`run_dedup` output into a new store at ``path``."""
-    params = read_params(out)
-    uri = Path(out).resolve().as_uri()
+    if "://" in str(out):  # a cluster file system: params.json was written through Spark
+        text = "".join(row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect())
+        params, uri = params_from_dict(json.loads(text)), str(out).rstrip("/")
+    else:
+        params, uri = read_params(out), Path(out).resolve().as_uri()
     docs = spark.read.parquet(f"{uri}/signatures")
     return bulk_load(docs, path, params, batch_size=batch_size, progress=progress)
