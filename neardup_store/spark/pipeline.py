@@ -118,10 +118,8 @@ def _sign_batches(
             for ordinal, line in zip(ordinals, batch.column(1).to_pylist(), strict=True):
                 if line is None or not line.strip():
                     continue  # blank lines are no documents, as in `add --jsonl`
-                # the reader strips the line end; put it back so errors read as `add --jsonl` says them
-                item = parse_line(
-                    (line + "\n").encode("utf-8"), str(ordinal), id_field, text_field
-                )
+                # The reader strips line ends: restore one so errors match `add --jsonl`.
+                item = parse_line((line + "\n").encode("utf-8"), str(ordinal), id_field, text_field)
                 if isinstance(item, Failure):
                     failed.append((ordinal, item.reason))
                 else:
