@@ -131,19 +131,26 @@ def run_dedup(
     lines = lines.persist()
     signed = pipeline.sign_jsonl(lines, params, id_field, text_field).persist()
     docs = pipeline.documents(signed)
-    count = _timed(seconds, "sign", docs.count)
-    n_failed = pipeline.failures(signed).count()
-    _check_unique_ids(docs)
 
+    def signing() -> tuple[int, int]:
+        count = docs.count()
+        _check_unique_ids(docs)
+        return count, pipeline.failures(signed).count()
+
+    count, n_failed = _timed(seconds, "sign", signing)
     found = pipeline.candidate_pairs(docs, max_bucket)
     pairs = pipeline.verify(found.pairs, docs, params.config.num_perm, params.threshold).persist()
-    n_pairs = _timed(seconds, "pairs", pairs.count)
-    n_large = found.large_buckets.count()
+    n_pairs, n_large = _timed(
+        seconds, "pairs", lambda: (pairs.count(), found.large_buckets.count())
+    )
 
-    comps = _timed(seconds, "components", lambda: pipeline.components(pairs))
-    members = comps.members.persist()
-    clustered = members.count()
-    n_clusters = members.filter("ordinal = representative").count()
+    def clustering() -> tuple[pipeline.Components, DataFrame, int, int]:
+        comps = pipeline.components(pairs)
+        members = comps.members.persist()
+        clustered = members.count()
+        return comps, members, clustered, members.filter("ordinal = representative").count()
+
+    comps, members, clustered, n_clusters = _timed(seconds, "components", clustering)
 
     def write() -> None:
         _write_outputs(uri, params, lines, docs, signed, pairs, members)
