@@ -983,6 +983,179 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     render.render_backup(report, as_json)
 
 
+# -- Spark ----------------------------------------------------------------------------------------
+
+
+def _conf_pairs(conf: tuple[str, ...]) -> dict[str, str]:
+    """``--conf KEY=VALUE`` options as a dict; a malformed one is a usage error."""
+    settings = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--conf {item!r}: expected KEY=VALUE")
+        settings[key] = value
+    return settings
+
+
+def _session(master: str, conf: tuple[str, ...]) -> Any:
+    """A Spark session for the command; Spark's own progress bar only on a terminal."""
+    from .spark import runtime
+
+    settings = {"spark.ui.showConsoleProgress": str(_show_progress()).lower()}
+    settings.update(_conf_pairs(conf))
+    _note(f"starting Spark on {master}")
+    return runtime.spark_session(master, "neardup-admin", settings)
+
+
+_master_option = click.option(
+    "--master",
+    default="local[*]",
+    show_default=True,
+    help="Spark master: local[N], spark://host:7077, yarn, k8s://...",
+)
+_conf_option = click.option(
+    "--conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A Spark setting, e.g. spark.executor.memory=8g (repeatable).",
+)
+
+
+@cli.command(name="spark-dedup")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("--out", required=True, help="A new or empty output directory (or URI).")
+@_master_option
+@_conf_option
+@click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8).")
+@click.option("--num-perm", type=int, default=None, help="Signature length (default 128).")
+@click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme.")
+@click.option("--seed", type=int, default=None, help="Hash seed (default 1).")
+@click.option("--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True)
+@click.option("--shingle-size", type=int, default=None, help="Units per shingle (kind default).")
+@click.option("--bands", type=int, default=None, help="Explicit bands (with --rows).")
+@click.option("--rows", type=int, default=None, help="Explicit rows (with --bands).")
+@click.option("--id-field", default="id", show_default=True, help="JSON-lines key field.")
+@click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
+@click.option(
+    "--partitions", type=click.IntRange(1), default=None, help="Repartition the input first."
+)
+@click.option(
+    "--max-bucket",
+    type=click.IntRange(2),
+    default=200,
+    show_default=True,
+    help="Larger buckets are paired through their earliest member only.",
+)
+@_json_option
+def spark_dedup(
+    inputs: tuple[str, ...],
+    out: str,
+    master: str,
+    conf: tuple[str, ...],
+    threshold: float | None,
+    num_perm: int | None,
+    scheme: str | None,
+    seed: int | None,
+    shingle_kind: str,
+    shingle_size: int | None,
+    bands: int | None,
+    rows: int | None,
+    id_field: str,
+    text_field: str,
+    partitions: int | None,
+    max_bucket: int,
+    as_json: bool,
+) -> None:
+    """Deduplicate JSON-lines files on Spark: signatures, pairs, clusters, kept lines.
+
+    Writes to --out: signatures (parquet), pairs, clusters and failed inputs (JSON
+    lines), kept (the input lines kept: one per cluster, its earliest, and every
+    unclustered one), params.json and summary.json. Exits 1 if some lines could not
+    be used (see failed/). Needs the spark extra: pip install 'neardup_store[spark]'.
+
+    \b
+    Example:
+        neardup-admin spark-dedup archive.jsonl --out ./dedup-out --threshold 0.8
+        neardup-admin spark-dedup hdfs:///corpus/*.jsonl --out hdfs:///dedup-out \\
+            --master yarn --partitions 4000 --conf spark.executor.memory=8g
+    """
+    from .params import resolve_params
+    from .spark import job
+
+    shingles = ShingleConfig(kind=shingle_kind, size=shingle_size)  # type: ignore[arg-type]
+    store_params = resolve_params(threshold, num_perm, scheme, seed, shingles, bands, rows)
+    session = _session(master, conf)
+    report = job.run_dedup(
+        session,
+        list(inputs),
+        out,
+        store_params,
+        id_field=id_field,
+        text_field=text_field,
+        max_bucket=max_bucket,
+        partitions=partitions,
+    )
+    summary = {
+        "documents": report.documents,
+        "failed": report.failed,
+        "pairs": report.pairs,
+        "clusters": report.clusters,
+        "kept": report.kept,
+        "dropped": report.dropped,
+        "large_buckets": report.large_buckets,
+        "rounds": report.rounds,
+        "out": report.out,
+    }
+    if as_json:
+        render.json_line({"summary": {**summary, "seconds": report.seconds}})
+    else:
+        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
+        render.table(("stage", "seconds"), list(report.seconds.items()))
+    if report.failed:
+        sys.exit(1)
+
+
+@cli.command(name="spark-load")
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=click.Path(file_okay=False))
+@_master_option
+@_conf_option
+@click.option("--batch-size", type=click.IntRange(1), default=10_000, show_default=True)
+@_json_option
+def spark_load(
+    out: str, path: str, master: str, conf: tuple[str, ...], batch_size: int, as_json: bool
+) -> None:
+    """Bulk-load a spark-dedup output's signatures into a new store at PATH.
+
+    Partitions stream to this process one at a time and are written in batches (LMDB
+    has one writer); the store is built beside PATH and moved there once it is
+    complete and passes `check`, so a failed load leaves nothing at PATH.
+
+    \b
+    Example:
+        neardup-admin spark-load ./dedup-out ./corpus.ndx
+    """
+    from .spark import job
+
+    total = None
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        total = int(json.loads((Path(out) / job.SUMMARY_FILE).read_text())["documents"])
+    session = _session(master, conf)
+    with _doc_progress("loading", total) as progress:
+        report = job.load_output(session, out, path, batch_size=batch_size, progress=progress)
+    summary = {
+        "path": report.path,
+        "documents": report.documents,
+        "batches": report.batches,
+        "seconds": report.seconds,
+        "check": "ok" if report.check_ok else "failed",
+    }
+    if as_json:
+        render.json_line({"summary": summary})
+    else:
+        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
+
+
 # -- demo -----------------------------------------------------------------------------------------
 
 

@@ -296,3 +296,12 @@ class TransactionAbortedError(NeardupError, RuntimeError):
             "back so no half-applied document is committed. Fix the cause and retry"
         )
         self.cause = cause
+
+
+class SparkUnavailableError(NeardupError, RuntimeError):
+    """The Spark integration cannot run here: pyspark (or what it needs) or a suitable Java
+    runtime is missing. ``missing`` names the part; the message says how to get it."""
+
+    def __init__(self, missing: str, detail: str, hint: str) -> None:
+        super().__init__(f"Spark is unavailable: {detail}; {hint}")
+        self.missing, self.detail, self.hint = missing, detail, hint

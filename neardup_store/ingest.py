@@ -47,6 +47,7 @@ from .errors import EmptyDocumentError, InvalidParameterError, NeardupError
 from .txn import Key, Match
 
 if TYPE_CHECKING:
+    from .minhash import MinHasher
     from .store import Store
 
 STDIN = "-"
@@ -295,7 +296,17 @@ def _as_record(item: object) -> Record | Failure:
 
 
 def _sign(store: Store, records: Sequence[Record]) -> tuple[list[_Signed], list[Failure]]:
-    """Validate keys, metadata and texts one by one, then sign the valid ones as a batch."""
+    return sign_records(store.hasher, records)
+
+
+def sign_records(
+    hasher: MinHasher, records: Sequence[Record]
+) -> tuple[list[_Signed], list[Failure]]:
+    """Validate keys, metadata and texts one by one, then sign the valid ones as a batch.
+
+    Shared by the store's ingest and the Spark executors, so both accept and reject the
+    same records for the same reasons.
+    """
     valid: list[Record] = []
     failed: list[Failure] = []
     for record in records:
@@ -311,13 +322,13 @@ def _sign(store: Store, records: Sequence[Record]) -> tuple[list[_Signed], list[
             continue
         valid.append(record)
     try:
-        signatures = list(store.hasher.signatures([r.text for r in valid]))
+        signatures = list(hasher.signatures([r.text for r in valid]))
     except EmptyDocumentError:
         # Rare: sign one by one so only the empty documents fail.
         signed, signatures = [], []
         for record in valid:
             try:
-                signatures.append(store.hasher.signatures([record.text])[0])
+                signatures.append(hasher.signatures([record.text])[0])
                 signed.append(record)
             except EmptyDocumentError:
                 failed.append(Failure(record.source or str(record.key), "empty document"))

@@ -1,0 +1,356 @@
+"""The whole bulk job: JSON lines in, signatures, pairs, clusters and the deduplicated
+corpus out; and the bulk load of its signatures into an LMDB store.
+
+Output directory of :func:`run_dedup` (Spark writes each table as a directory of part
+files, one per partition):
+
+=================  ====================================================================
+``params.json``    the configuration, banding and threshold (what ``spark-load`` uses)
+``signatures/``    parquet: ``ordinal, id, signature`` (uint32 LE), ``metadata`` (msgpack)
+``pairs/``         JSON lines: ``first, second`` (ids, first is the earlier), ``score``
+``clusters/``      JSON lines: ``id, representative`` for every member of a cluster
+``kept/``          text: the input lines kept, one per cluster plus every unclustered one
+``failed/``        JSON lines: ``ordinal`` and ``error`` of unusable input lines
+``summary.json``   counts and the seconds spent in each stage
+=================  ====================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import codec
+from ..errors import InvalidParameterError
+from ..lsh import LSHParams
+from ..minhash import MinHashConfig
+from ..params import StoreParams
+from ..store import Store
+from . import pipeline
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+PARAMS_FILE = "params.json"
+SUMMARY_FILE = "summary.json"
+
+
+def params_to_dict(params: StoreParams) -> dict[str, Any]:
+    """Everything a store needs to be created with these parameters (JSON-friendly)."""
+    return {
+        "config": params.config.to_dict(),
+        "bands": params.banding.bands,
+        "rows": params.banding.rows,
+        "threshold": params.threshold,
+    }
+
+
+def params_from_dict(data: dict[str, Any]) -> StoreParams:
+    """Inverse of :func:`params_to_dict`."""
+    return StoreParams(
+        MinHashConfig.from_dict(data["config"]),
+        LSHParams(int(data["bands"]), int(data["rows"])),
+        float(data["threshold"]),
+    )
+
+
+@dataclass(frozen=True)
+class DedupReport:
+    """What :func:`run_dedup` found and wrote, and where the time went (seconds per stage:
+    ``sign``, ``pairs``, ``components``, ``write``)."""
+
+    out: str
+    documents: int
+    failed: int
+    pairs: int
+    clusters: int
+    clustered: int
+    kept: int
+    dropped: int
+    large_buckets: int
+    rounds: int
+    partitions: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _timed(seconds: dict[str, float], stage: str, action: Callable[[], Any]) -> Any:
+    started = time.perf_counter()
+    result = action()
+    seconds[stage] = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _check_empty(name: str, path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InvalidParameterError(name, str(path), "a new or empty directory")
+
+
+def run_dedup(
+    spark: SparkSession,
+    inputs: list[str],
+    out: str | os.PathLike[str],
+    params: StoreParams,
+    *,
+    id_field: str = "id",
+    text_field: str = "text",
+    max_bucket: int = pipeline.DEFAULT_MAX_BUCKET,
+    partitions: int | None = None,
+) -> DedupReport:
+    """Deduplicate JSON-lines files on Spark and write the outputs listed above.
+
+    Each stage is materialised before the next starts, so the stage times say where
+    the time goes; the signatures are persisted (memory, spilling to disk) because
+    banding, verification and the outputs all read them.
+
+    Args:
+        inputs: JSON-lines files (or directories of them), one document per line.
+        out: a new or empty directory (local path, or a URI the cluster can write).
+        partitions: repartition the input lines into this many partitions first
+            (default: as read, about one per 128 MB of input).
+
+    Raises:
+        InvalidParameterError: ``out`` is not empty, or a parameter is out of range.
+    """
+    out_path = Path(out)
+    if "://" not in str(out):
+        _check_empty("out", out_path)
+        out_path.mkdir(parents=True, exist_ok=True)
+    uri = str(out) if "://" in str(out) else out_path.resolve().as_uri()
+    seconds: dict[str, float] = {}
+    lines = pipeline.read_jsonl(spark, list(inputs))
+    if partitions:
+        lines = lines.repartition(partitions)
+    lines = lines.persist()
+    signed = pipeline.sign_jsonl(lines, params, id_field, text_field).persist()
+    docs = pipeline.documents(signed)
+
+    def signing() -> tuple[int, int]:
+        count = docs.count()
+        _check_unique_ids(docs)
+        return count, pipeline.failures(signed).count()
+
+    count, n_failed = _timed(seconds, "sign", signing)
+    found = pipeline.candidate_pairs(docs, max_bucket)
+    pairs = pipeline.verify(found.pairs, docs, params.config.num_perm, params.threshold).persist()
+    n_pairs, n_large = _timed(
+        seconds, "pairs", lambda: (pairs.count(), found.large_buckets.count())
+    )
+
+    def clustering() -> tuple[pipeline.Components, DataFrame, int, int]:
+        comps = pipeline.components(pairs)
+        members = comps.members.persist()
+        clustered = members.count()
+        return comps, members, clustered, members.filter("ordinal = representative").count()
+
+    comps, members, clustered, n_clusters = _timed(seconds, "components", clustering)
+
+    def write() -> None:
+        _write_outputs(uri, params, lines, docs, signed, pairs, members)
+
+    _timed(seconds, "write", write)
+    dropped = clustered - n_clusters
+    report = DedupReport(
+        out=str(out),
+        documents=count,
+        failed=n_failed,
+        pairs=n_pairs,
+        clusters=n_clusters,
+        clustered=clustered,
+        kept=count - dropped,
+        dropped=dropped,
+        large_buckets=n_large,
+        rounds=comps.rounds,
+        partitions=lines.rdd.getNumPartitions(),
+        seconds=seconds,
+    )
+    if "://" not in str(out):
+        (out_path / SUMMARY_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
+    for frame in (members, pairs, signed, lines):
+        frame.unpersist()
+    return report
+
+
+def _check_unique_ids(docs: DataFrame) -> None:
+    from pyspark.sql import functions as sf
+
+    repeated = docs.groupBy("id").count().filter(sf.col("count") > 1).limit(3).collect()
+    if repeated:
+        shown = ", ".join(repr(row["id"]) for row in repeated)
+        raise InvalidParameterError(
+            "id", shown, "unique document ids (a store holds one document per key)"
+        )
+
+
+def _write_outputs(
+    uri: str,
+    params: StoreParams,
+    lines: DataFrame,
+    docs: DataFrame,
+    signed: DataFrame,
+    pairs: DataFrame,
+    members: DataFrame,
+) -> None:
+    from pyspark.sql import functions as sf
+
+    base = uri.rstrip("/")
+    if base.startswith("file:"):
+        Path(base.removeprefix("file://"), PARAMS_FILE).write_text(
+            json.dumps(params_to_dict(params), indent=2) + "\n"
+        )
+    else:  # a cluster file system: write through Spark
+        spark = docs.sparkSession
+        spark.createDataFrame([(json.dumps(params_to_dict(params)),)], "value string").coalesce(
+            1
+        ).write.text(f"{base}/{PARAMS_FILE}")
+    docs.select("ordinal", "id", "signature", "metadata").write.parquet(f"{base}/signatures")
+    ids = docs.select("ordinal", "id")
+    first = ids.select(sf.col("ordinal").alias("first"), sf.col("id").alias("first_id"))
+    second = ids.select(sf.col("ordinal").alias("second"), sf.col("id").alias("second_id"))
+    pairs.join(first, "first").join(second, "second").select(
+        sf.col("first_id").alias("first"), sf.col("second_id").alias("second"), "score"
+    ).write.json(f"{base}/pairs")
+    rep = ids.select(sf.col("ordinal").alias("representative"), sf.col("id").alias("rep_id"))
+    members.join(ids, "ordinal").join(rep, "representative").select(
+        "id", sf.col("rep_id").alias("representative")
+    ).write.json(f"{base}/clusters")
+    dropped = members.filter(sf.col("ordinal") != sf.col("representative")).select("ordinal")
+    failed = pipeline.failures(signed)
+    kept = lines.join(dropped, "ordinal", "left_anti").join(
+        failed.select("ordinal"), "ordinal", "left_anti"
+    )
+    kept.filter(sf.trim("line") != "").orderBy("ordinal").select("line").write.text(f"{base}/kept")
+    failed.write.json(f"{base}/failed")
+
+
+def read_params(out: str | os.PathLike[str]) -> StoreParams:
+    """The parameters a :func:`run_dedup` output was computed with."""
+    path = Path(out, PARAMS_FILE)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidParameterError(
+            "out", str(out), f"the output directory of spark-dedup (no {PARAMS_FILE} in it)"
+        ) from None
+    return params_from_dict(data)
+
+
+# -- bulk load ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What :func:`bulk_load` wrote: documents, write transactions, seconds, and the
+    integrity check of the finished store."""
+
+    path: str
+    documents: int
+    batches: int
+    seconds: float
+    check_ok: bool
+
+
+def _rows(frame: DataFrame) -> Iterator[Any]:
+    """Rows in ordinal order, one partition at a time on the driver (never all at once)."""
+    return frame.orderBy("ordinal").toLocalIterator(prefetchPartitions=True)
+
+
+def bulk_load(
+    docs: DataFrame,
+    path: str | os.PathLike[str],
+    params: StoreParams,
+    *,
+    batch_size: int = 10_000,
+    progress: Callable[[int], None] | None = None,
+) -> LoadReport:
+    """Write signed documents (``ordinal, id, signature[, metadata]``) into a new store.
+
+    LMDB has one writer, so the driver writes: partitions stream to it in ordinal order
+    (at most two partitions in memory), each ``batch_size`` documents are one
+    transaction of :meth:`Store.add_signatures`. Inserting in ordinal order makes the
+    store equal to one built by adding the input in order, down to query tie-breaks.
+    The store is built next to ``path`` and moved there only once complete and checked,
+    so a failed load leaves nothing at ``path``.
+
+    Raises:
+        InvalidParameterError: ``path`` is not a new or empty directory.
+        DuplicateKeyError: two documents share an id.
+        RuntimeError: the finished store fails :meth:`Store.check` (a bug).
+    """
+    target = Path(path)
+    _check_empty("path", target)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidParameterError("batch_size", batch_size, "a positive integer")
+    started = time.perf_counter()
+    building = target.parent / f".{target.name}.loading-{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    has_metadata = "metadata" in docs.columns
+    columns = ["ordinal", "id", "signature"] + (["metadata"] if has_metadata else [])
+    config = params.config
+    done = batches = 0
+    try:
+        with Store.open(
+            building,
+            create=True,
+            durable=False,  # one sync at the end; a crash leaves only the temporary copy
+            threshold=params.threshold,
+            num_perm=config.num_perm,
+            scheme=config.scheme,
+            seed=config.seed,
+            shingles=config.shingles,
+            bands=params.banding.bands,
+            rows=params.banding.rows,
+        ) as store:
+            batch: list[tuple[str, Any, Any]] = []
+            for row in _rows(docs.select(*columns)):
+                signature = np.frombuffer(row["signature"], dtype="<u4")
+                raw = row["metadata"] if has_metadata else None
+                metadata = None if raw is None else codec.unpack_meta(bytes(raw))
+                batch.append((row["id"], signature, metadata))
+                if len(batch) >= batch_size:
+                    done += store.add_signatures(batch, batch_size=None)
+                    batches += 1
+                    batch = []
+                    if progress is not None:
+                        progress(done)
+            if batch:
+                done += store.add_signatures(batch, batch_size=None)
+                batches += 1
+                if progress is not None:
+                    progress(done)
+            store.sync()
+            report = store.check()
+        if not report.ok:
+            raise RuntimeError(f"the loaded store fails its check: {report}")
+        if target.exists():
+            target.rmdir()  # empty (checked above); rename needs it gone
+        building.rename(target)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return LoadReport(str(target), done, batches, round(time.perf_counter() - started, 3), True)
+
+
+def load_output(
+    spark: SparkSession,
+    out: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    batch_size: int = 10_000,
+    progress: Callable[[int], None] | None = None,
+) -> LoadReport:
+    """Bulk-load the signatures of a :func:`run_dedup` output into a new store at ``path``."""
+    if "://" in str(out):  # a cluster file system: params.json was written through Spark
+        text = "".join(row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect())
+        params, uri = params_from_dict(json.loads(text)), str(out).rstrip("/")
+    else:
+        params, uri = read_params(out), Path(out).resolve().as_uri()
+    docs = spark.read.parquet(f"{uri}/signatures")
+    return bulk_load(docs, path, params, batch_size=batch_size, progress=progress)

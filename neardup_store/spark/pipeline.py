@@ -1,0 +1,407 @@
+"""Signatures, verified near-duplicate pairs and clusters of a corpus, computed on Spark.
+
+Every document gets an ``ordinal``: its position in the input (partition-major, which for
+one JSON-lines file is line order). Ordinals are the node ids of the pair graph, so the
+"first" of a pair and the representative of a cluster are the earliest documents, as in
+a store fed the same input in order (and in ``neardup-admin dedup``, which keeps the
+first of each group).
+
+Stages:
+
+1. **Signatures** (:func:`sign`, :func:`sign_jsonl`): Arrow batches go to the Python
+   workers (``mapInArrow``), where the library's own :class:`~neardup_store.MinHasher`
+   and :func:`~neardup_store.band_keys` compute signatures (uint32 little-endian bytes,
+   as a store records them) and band keys. JSON lines are parsed by the same function
+   ``neardup-admin add --jsonl`` uses, so the same lines fail for the same reasons.
+2. **Pairs** (:func:`verified_pairs`): one row per (band, band key, document); buckets of
+   two or more make candidate pairs. A bucket of at most ``max_bucket`` documents gives
+   all its pairs, as the store's band tables do. A larger bucket (shared boilerplate) pairs
+   each member with the bucket's earliest document only, so it costs linear, not
+   quadratic, work; its members then join a cluster through that document. Candidates
+   are verified like the store verifies them: the share of equal signature values must
+   reach the threshold.
+3. **Clusters** (:func:`components`): connected components by alternating large-star and
+   small-star rounds (Kiveris et al., "Connected Components in MapReduce and Beyond",
+   2014) until the graph is a forest of stars whose centres are the components' earliest
+   documents, the representatives.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import InvalidParameterError
+from ..lsh import LSHParams, band_keys
+from ..minhash import MinHashConfig, MinHasher
+from ..params import StoreParams
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+SIGNED_SCHEMA = (
+    "ordinal long, id string, signature binary, band_keys array<long>, metadata binary, "
+    "error string"
+)
+"""What the signing stage yields: a document with ``error`` null, or a failed input
+(``ordinal`` and ``error`` set, the rest null)."""
+PAIR_SCHEMA = "first long, second long, score double"
+DEFAULT_MAX_BUCKET = 200
+"""Buckets up to this size give all their pairs (at most 19,900 each); larger ones are
+paired star-wise through their earliest document."""
+MAX_ROUNDS = 64
+
+
+# -- stage 1: signatures on the executors ------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def _hasher(config: MinHashConfig) -> MinHasher:
+    """One hasher per worker process and configuration (its keys are derived once)."""
+    return MinHasher(config)
+
+
+def _binary_column(rows: npt.NDArray[np.uint32]) -> pa.Array:
+    """Each row of a uint32 matrix as one little-endian binary value, without a copy per row."""
+    import pyarrow as pa
+
+    data = np.ascontiguousarray(rows, dtype="<u4")
+    width = data.shape[1] * 4
+    offsets = np.arange(0, (len(data) + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.binary(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())]
+    )
+
+
+def _matrix(column: pa.Array, num_perm: int) -> npt.NDArray[np.uint32]:
+    """Binary signatures (all ``4 * num_perm`` bytes) back to an ``(n, num_perm)`` matrix."""
+    if column.null_count:
+        raise InvalidParameterError("signature", "null", "a signature for every document")
+    offsets = np.frombuffer(column.buffers()[1], np.int32)[column.offset :][: len(column) + 1]
+    width = 4 * num_perm
+    if len(column) and not np.array_equal(np.diff(offsets), np.full(len(column), width)):
+        raise InvalidParameterError(
+            "signature", "values of another length", f"{width} bytes ({num_perm} uint32 values)"
+        )
+    start = int(offsets[0]) if len(column) else 0
+    return np.frombuffer(
+        column.buffers()[2], dtype="<u4", count=len(column) * num_perm, offset=start
+    ).reshape(len(column), num_perm)
+
+
+def _sign_batches(
+    batches: Iterator[pa.RecordBatch],
+    config: MinHashConfig,
+    banding: LSHParams,
+    jsonl: bool,
+    id_field: str,
+    text_field: str,
+) -> Iterator[pa.RecordBatch]:
+    """Executor side of the signing stage: validate, sign and band one Arrow batch at a time."""
+    import pyarrow as pa
+
+    from .. import codec
+    from ..ingest import Failure, Record, parse_line, sign_records
+
+    hasher = _hasher(config)
+    for batch in batches:
+        ordinals = batch.column(0).to_pylist()
+        records: list[Record] = []
+        failed: list[tuple[int, str]] = []
+        if jsonl:
+            for ordinal, line in zip(ordinals, batch.column(1).to_pylist(), strict=True):
+                if line is None or not line.strip():
+                    continue  # blank lines are no documents, as in `add --jsonl`
+                # The reader strips line ends: restore one so errors match `add --jsonl`.
+                item = parse_line((line + "\n").encode("utf-8"), str(ordinal), id_field, text_field)
+                if isinstance(item, Failure):
+                    failed.append((ordinal, item.reason))
+                else:
+                    record = item[0]
+                    records.append(Record(record.key, record.text, record.metadata, str(ordinal)))
+        else:
+            keys, texts = batch.column(1).to_pylist(), batch.column(2).to_pylist()
+            records = [
+                Record(key, text, None, str(ordinal))
+                for ordinal, key, text in zip(ordinals, keys, texts, strict=True)
+            ]
+        signed, failures = sign_records(hasher, records)
+        failed.extend((int(f.source), f.reason) for f in failures)
+        n = len(signed)
+        sigs = (
+            np.stack([s.signature for s in signed])
+            if n
+            else np.empty((0, config.num_perm), np.uint32)
+        )
+        keys64 = band_keys(sigs, banding, config.seed).view(np.int64) if n else None
+        band_offsets = np.arange(0, (n + 1) * banding.bands, banding.bands, dtype=np.int32)
+        band_values = pa.array(keys64.reshape(-1), pa.int64()) if n else pa.array([], pa.int64())
+        good = pa.RecordBatch.from_arrays(
+            [
+                pa.array([int(s.record.source) for s in signed], pa.int64()),
+                pa.array([s.record.key for s in signed], pa.string()),
+                _binary_column(sigs),
+                pa.ListArray.from_arrays(pa.array(band_offsets), band_values),
+                pa.array([codec.pack_metadata(s.record.metadata) for s in signed], pa.binary()),
+                pa.nulls(n, pa.string()),
+            ],
+            names=["ordinal", "id", "signature", "band_keys", "metadata", "error"],
+        )
+        yield good
+        if failed:
+            m = len(failed)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([o for o, _ in failed], pa.int64()),
+                    pa.nulls(m, pa.string()),
+                    pa.nulls(m, pa.binary()),
+                    pa.nulls(m, pa.list_(pa.int64())),
+                    pa.nulls(m, pa.binary()),
+                    pa.array([reason for _, reason in failed], pa.string()),
+                ],
+                names=["ordinal", "id", "signature", "band_keys", "metadata", "error"],
+            )
+
+
+def with_ordinals(frame: DataFrame) -> DataFrame:
+    """Add ``ordinal`` (input position, partition-major) unless the frame has one."""
+    from pyspark.sql import functions as sf
+
+    if "ordinal" in frame.columns:
+        return frame
+    return frame.withColumn("ordinal", sf.monotonically_increasing_id())
+
+
+def sign(
+    frame: DataFrame, params: StoreParams, id_col: str = "id", text_col: str = "text"
+) -> DataFrame:
+    """Signatures and band keys of a DataFrame of documents (see :data:`SIGNED_SCHEMA`).
+
+    Args:
+        frame: one row per document; ``id_col`` (cast to string: store keys are strings)
+            and ``text_col``; an ``ordinal`` column is added if missing.
+        params: the configuration and banding (as a store created with them would use).
+    """
+    from pyspark.sql import functions as sf
+
+    frame = with_ordinals(frame).select(
+        sf.col("ordinal").cast("long"),
+        sf.col(id_col).cast("string").alias("id"),
+        sf.col(text_col).cast("string").alias("text"),
+    )
+    return _run_signing(frame, params, jsonl=False, id_field="id", text_field="text")
+
+
+def sign_jsonl(
+    lines: DataFrame, params: StoreParams, id_field: str = "id", text_field: str = "text"
+) -> DataFrame:
+    """Like :func:`sign` for raw JSON lines (a frame of ``ordinal``, ``line``), parsed on
+    the executors exactly as ``neardup-admin add --jsonl`` parses them: the key from
+    ``id_field``, the text from ``text_field``, every other field kept as metadata."""
+    return _run_signing(
+        lines.select("ordinal", "line"), params, jsonl=True, id_field=id_field,
+        text_field=text_field,
+    )  # fmt: skip
+
+
+def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
+    """The lines of JSON-lines files as ``(ordinal, line)``."""
+    return with_ordinals(spark.read.text(paths).withColumnRenamed("value", "line"))
+
+
+def _run_signing(
+    frame: DataFrame, params: StoreParams, jsonl: bool, id_field: str, text_field: str
+) -> DataFrame:
+    config, banding = params.config, params.banding
+    banding.check_fits(config.num_perm)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _sign_batches(batches, config, banding, jsonl, id_field, text_field)
+
+    return frame.mapInArrow(run, SIGNED_SCHEMA)
+
+
+def documents(signed: DataFrame) -> DataFrame:
+    """The signed documents of a signing stage's output (failed inputs removed)."""
+    return signed.filter(signed.error.isNull()).drop("error")
+
+
+def failures(signed: DataFrame) -> DataFrame:
+    """The failed inputs of a signing stage's output: ``ordinal`` and ``error``."""
+    return signed.filter(signed.error.isNotNull()).select("ordinal", "error")
+
+
+# -- stage 2: candidate pairs, verified ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Candidate pairs ``(first, second)`` of ordinals (``first < second``), and how many
+    buckets were too large for all their pairs (paired through their earliest member)."""
+
+    pairs: DataFrame
+    large_buckets: DataFrame
+
+
+def candidate_pairs(docs: DataFrame, max_bucket: int = DEFAULT_MAX_BUCKET) -> Candidates:
+    """Candidate pairs from shared band keys: all pairs in a bucket of at most
+    ``max_bucket`` documents, and member-to-earliest pairs in larger buckets."""
+    from pyspark.sql import functions as sf
+
+    if isinstance(max_bucket, bool) or not isinstance(max_bucket, int) or max_bucket < 2:
+        raise InvalidParameterError("max_bucket", max_bucket, "an integer >= 2")
+    entries = docs.select("ordinal", sf.posexplode("band_keys").alias("band", "key"))
+    buckets = (
+        entries.groupBy("band", "key")
+        .agg(sf.count(sf.lit(1)).alias("size"), sf.min("ordinal").alias("head"))
+        .filter(sf.col("size") >= 2)
+    )
+    members = entries.join(buckets, ["band", "key"])
+    small = members.filter(sf.col("size") <= max_bucket).select("band", "key", "ordinal")
+    left = small.withColumnRenamed("ordinal", "first")
+    right = small.withColumnRenamed("ordinal", "second")
+    all_pairs = left.join(right, ["band", "key"]).filter(sf.col("first") < sf.col("second"))
+    stars = members.filter(
+        (sf.col("size") > max_bucket) & (sf.col("ordinal") != sf.col("head"))
+    ).select(sf.col("head").alias("first"), sf.col("ordinal").alias("second"))
+    pairs = all_pairs.select("first", "second").unionByName(stars).distinct()
+    large = buckets.filter(sf.col("size") > max_bucket).select("band", "key", "size", "head")
+    return Candidates(pairs, large)
+
+
+def _score_batches(batches: Iterator[pa.RecordBatch], num_perm: int) -> Iterator[pa.RecordBatch]:
+    """Executor side of verification: the share of equal values, computed as the store does."""
+    import pyarrow as pa
+
+    for batch in batches:
+        a = _matrix(batch.column(2), num_perm)
+        b = _matrix(batch.column(3), num_perm)
+        scores = (a == b).mean(axis=1) if len(a) else np.empty(0)
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(0), batch.column(1), pa.array(scores, pa.float64())],
+            names=["first", "second", "score"],
+        )
+
+
+def verify(candidates: DataFrame, docs: DataFrame, num_perm: int, threshold: float) -> DataFrame:
+    """Candidate pairs whose estimated Jaccard (share of equal values) is at least
+    ``threshold``: ``(first, second, score)``."""
+    from pyspark.sql import functions as sf
+
+    sig_a = docs.select(sf.col("ordinal").alias("first"), sf.col("signature").alias("sig_a"))
+    sig_b = docs.select(sf.col("ordinal").alias("second"), sf.col("signature").alias("sig_b"))
+    joined = candidates.join(sig_a, "first").join(sig_b, "second")
+    joined = joined.select("first", "second", "sig_a", "sig_b")
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _score_batches(batches, num_perm)
+
+    return joined.mapInArrow(run, PAIR_SCHEMA).filter(sf.col("score") >= sf.lit(threshold))
+
+
+def verified_pairs(
+    docs: DataFrame,
+    params: StoreParams,
+    threshold: float | None = None,
+    max_bucket: int = DEFAULT_MAX_BUCKET,
+) -> DataFrame:
+    """Near-duplicate pairs ``(first, second, score)`` of ordinals, each once, ``first``
+    the earlier; threshold defaults to the parameters' own."""
+    from ..params import valid_threshold
+
+    limit = params.threshold if threshold is None else valid_threshold(threshold)
+    found = candidate_pairs(docs, max_bucket)
+    return verify(found.pairs, docs, params.config.num_perm, limit)
+
+
+# -- stage 3: connected components ---------------------------------------------------------------
+
+
+def _large_star(edges: DataFrame) -> DataFrame:
+    """Each node links its larger neighbours to the smallest node of its neighbourhood."""
+    from pyspark.sql import functions as sf
+
+    both = edges.select(sf.col("src").alias("u"), sf.col("dst").alias("v")).unionByName(
+        edges.select(sf.col("dst").alias("u"), sf.col("src").alias("v"))
+    )
+    smallest = both.groupBy("u").agg(sf.least(sf.col("u"), sf.min("v")).alias("m"))
+    return (
+        both.filter(sf.col("v") > sf.col("u"))
+        .join(smallest, "u")
+        .select(sf.col("v").alias("src"), sf.col("m").alias("dst"))
+        .distinct()
+    )
+
+
+def _small_star(edges: DataFrame) -> DataFrame:
+    """Each node and its smaller neighbours link to the smallest of them."""
+    from pyspark.sql import functions as sf
+
+    smallest = edges.groupBy("src").agg(sf.min("dst").alias("m"))
+    joined = edges.join(smallest, "src")
+    leaves = joined.filter(sf.col("dst") != sf.col("m")).select(
+        sf.col("dst").alias("src"), sf.col("m").alias("dst")
+    )
+    centres = smallest.select("src", sf.col("m").alias("dst"))
+    return leaves.unionByName(centres).distinct()
+
+
+def _is_star_forest(edges: DataFrame) -> bool:
+    """Every node has one edge, to a node that has none: each component is one star."""
+    from pyspark.sql import functions as sf
+
+    targets = edges.select(sf.col("dst").alias("src")).distinct()
+    if not edges.join(targets, "src").isEmpty():
+        return False
+    return edges.groupBy("src").count().filter(sf.col("count") > 1).isEmpty()
+
+
+@dataclass(frozen=True)
+class Components:
+    """``members``: ``(ordinal, representative)`` for every document in a cluster of two
+    or more (the representative, the cluster's earliest document, included); ``rounds``:
+    large-star/small-star rounds run."""
+
+    members: DataFrame
+    rounds: int
+
+
+def components(pairs: DataFrame, max_rounds: int = MAX_ROUNDS) -> Components:
+    """Connected components of the pair graph (``first``, ``second`` columns).
+
+    Each round is checkpointed locally, so the query plan does not grow with the rounds.
+
+    Raises:
+        RuntimeError: no convergence in ``max_rounds`` rounds (a bug: the method
+            converges in O(log² n) rounds).
+    """
+    from pyspark.sql import functions as sf
+
+    edges = (
+        pairs.select(
+            sf.greatest("first", "second").alias("src"), sf.least("first", "second").alias("dst")
+        )
+        .filter(sf.col("src") != sf.col("dst"))
+        .distinct()
+        .localCheckpoint(eager=True)
+    )
+    rounds = 0
+    while not _is_star_forest(edges):
+        if rounds == max_rounds:
+            raise RuntimeError(f"connected components did not converge in {max_rounds} rounds")
+        edges = _small_star(_large_star(edges)).localCheckpoint(eager=True)
+        rounds += 1
+    members = edges.select(
+        sf.col("src").alias("ordinal"), sf.col("dst").alias("representative")
+    ).unionByName(
+        edges.select(
+            sf.col("dst").alias("ordinal"), sf.col("dst").alias("representative")
+        ).distinct()
+    )
+    return Components(members, rounds)

