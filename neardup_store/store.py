@@ -887,17 +887,21 @@ def _never_created(env: lmdb.Environment) -> bool:
 
     That is what a creation killed before its commit leaves (an empty ``meta`` table too,
     from stores created before the tables moved into the creating transaction). Another
-    application's environment holds more, so it is still refused.
+    application's environment holds more, so it is still refused. An environment LMDB
+    cannot read counts as created: reading its meta table then says what is wrong.
     """
-    with env.begin() as txn:
-        names = [bytes(name) for name, _ in txn.cursor()]
-    if not names:
-        return True
-    if names != [codec.META_DB]:
+    try:
+        with env.begin() as txn:
+            names = [bytes(name) for name, _ in txn.cursor()]
+        if not names:
+            return True
+        if names != [codec.META_DB]:
+            return False
+        meta_db = env.open_db(codec.META_DB, create=False)
+        with env.begin() as txn:
+            return int(txn.stat(meta_db)["entries"]) == 0
+    except lmdb.Error:
         return False
-    meta_db = env.open_db(codec.META_DB, create=False)
-    with env.begin() as txn:
-        return int(txn.stat(meta_db)["entries"]) == 0
 
 
 @contextmanager

@@ -554,6 +554,7 @@ class WriteTxn(ReadTxn):
                 cursor.putmulti(records, append=True)
             with txn.cursor(db=store._keys_db) as cursor:
                 cursor.putmulti(indexes)
+            _faults.checkpoint("after-put")
             for band in range(bands):
                 column = matrix[:, band]
                 order = np.lexsort((id_values, column))
@@ -564,6 +565,7 @@ class WriteTxn(ReadTxn):
                 )
                 with txn.cursor(db=store._band_dbs[band]) as cursor:
                     cursor.putmulti(entries, dupdata=True)
+            _faults.checkpoint("after-bands")
         return len(docs)
 
     def _delete(self, doc_id: bytes, index: bytes) -> None:
@@ -600,6 +602,7 @@ class WriteTxn(ReadTxn):
                 txn.delete(doc_id, db=store._docs_db)
             for index in sorted(index for _, index in found):
                 txn.delete(index, db=store._keys_db)
+            _faults.checkpoint("after-remove")
 
     def _store_prepared(self, doc: _Prepared, replace: bool) -> bool:
         existing = self.txn.get(doc.index, db=self._store._keys_db)

@@ -183,20 +183,24 @@ def _broken_key_index(raw: bytes, is_str: bool) -> bytes:
     return (b"s" if is_str else b"b") + raw
 
 
-def _broken_encode_band_keys(keys: Any) -> list[bytes]:
-    """A codec that yields an empty key for the last band: LMDB refuses empty keys."""
-    return [*ORIGINAL_BAND_KEYS(keys)[:-1], b""]
+def _broken_band_key_bytes(values: Any) -> list[Any]:
+    """A codec that yields an empty key for the last band of each document's row of band
+    keys: LMDB refuses empty keys."""
+    rows = ORIGINAL_BAND_KEY_BYTES(values)
+    if np.ndim(values) != 2:
+        return rows
+    return [[*row[:-1], b""] for row in rows]
 
 
-ORIGINAL_BAND_KEYS = codec.encode_band_keys
-BROKEN = {"key_index": _broken_key_index, "encode_band_keys": _broken_encode_band_keys}
+ORIGINAL_BAND_KEY_BYTES = codec.band_key_bytes
+BROKEN = {"key_index": _broken_key_index, "band_key_bytes": _broken_band_key_bytes}
 
 
 @pytest.mark.parametrize(
     ("patch", "key", "failing_put"),
     [
         ("key_index", "k" * 512, "the keys table (after the record)"),
-        ("encode_band_keys", "new", "the last band (after the record, key and other bands)"),
+        ("band_key_bytes", "new", "the last band (after the record, key and other bands)"),
     ],
 )
 def test_put_rejected_by_lmdb_part_way_never_commits_half_a_document(

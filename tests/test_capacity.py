@@ -16,6 +16,7 @@ The long setting is ``tools/disk_full_trials.py``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -193,14 +194,19 @@ def test_map_full_raised_by_commit_itself_is_redone_and_commits_once(
     redos = RedoOrigins(monkeypatch)
     small: dict[str, Any] = {"num_perm": 16, "bands": 4, "rows": 4, "map_size": SMALLEST_MAP}
     hits = 0
-    for count in range(1, 40):
+    # Where such batches lie depends on how the write path fills pages, so the grid spans
+    # the base size and the metadata size too (each combination takes a few milliseconds).
+    grid = itertools.product((40, 20, 5), (100, 200, 350), range(1, 30))
+    for base, meta_bytes, count in grid:
         shutil.rmtree(store_path, ignore_errors=True)
         with Store.open(store_path, create=True, **small) as store:
             model = Model(store.banding, store.config.seed)
-            first = Batch("base", 0, adds=20, meta_bytes=100)
+            first = Batch("base", 0, adds=base, meta_bytes=100)
             commit(store, first, model, store.hasher)
             redos.seen.clear()
-            batch = Batch("new", count, adds=count, meta_bytes=200, removes=tuple(model.documents))
+            batch = Batch(
+                "new", count, adds=count, meta_bytes=meta_bytes, removes=tuple(model.documents)
+            )
             commit(store, batch, model, store.hasher)
             with store.read() as txn:
                 assert store._read_meta(txn.txn, "commit_counter") == 2
