@@ -31,6 +31,20 @@ class StoreParams:
             "threshold": self.threshold,
         }
 
+    def open_options(self) -> dict[str, Any]:
+        """These parameters as :meth:`Store.open` keywords: ``Store.open(path, create=True,
+        **params.open_options())`` makes a store that means what these say."""
+        config = self.config
+        return {
+            "threshold": self.threshold,
+            "num_perm": config.num_perm,
+            "scheme": config.scheme,
+            "seed": config.seed,
+            "shingles": config.shingles,
+            "bands": self.banding.bands,
+            "rows": self.banding.rows,
+        }
+
 
 def shingle_fields(shingles: ShingleConfig) -> dict[str, Any]:
     return {

@@ -97,16 +97,9 @@ def _store_params() -> StoreParams:
 
 
 def _open_local(path: Path, params: StoreParams, **kwargs: Any) -> Store:
-    config = params.config
     return Store.open(
         path,
-        threshold=params.threshold,
-        num_perm=config.num_perm,
-        scheme=config.scheme,
-        seed=config.seed,
-        shingles=config.shingles,
-        bands=params.banding.bands,
-        rows=params.banding.rows,
+        **params.open_options(),
         **kwargs,
     )
 

@@ -49,18 +49,11 @@ def write_corpus(path: Path, documents: int, seed: int) -> int:
 
 
 def open_store(path: Path, params: StoreParams) -> Store:
-    config = params.config
     return Store.open(
         path,
         create=True,
         durable=False,
-        threshold=params.threshold,
-        num_perm=config.num_perm,
-        scheme=config.scheme,
-        seed=config.seed,
-        shingles=config.shingles,
-        bands=params.banding.bands,
-        rows=params.banding.rows,
+        **params.open_options(),
     )
 
 

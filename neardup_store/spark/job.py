@@ -293,20 +293,13 @@ def bulk_load(
     shutil.rmtree(building, ignore_errors=True)
     has_metadata = "metadata" in docs.columns
     columns = ["ordinal", "id", "signature"] + (["metadata"] if has_metadata else [])
-    config = params.config
     done = batches = 0
     try:
         with Store.open(
             building,
             create=True,
             durable=False,  # one sync at the end; a crash leaves only the temporary copy
-            threshold=params.threshold,
-            num_perm=config.num_perm,
-            scheme=config.scheme,
-            seed=config.seed,
-            shingles=config.shingles,
-            bands=params.banding.bands,
-            rows=params.banding.rows,
+            **params.open_options(),
         ) as store:
             batch: list[tuple[str, Any, Any]] = []
             for row in _rows(docs.select(*columns)):
