@@ -246,3 +246,21 @@ def test_damaged_main_table_record_in_the_meta_page_is_a_typed_error(
     with pytest.raises(CorruptStoreError) as raised:
         Store.open(copy, read_only=True)
     assert "main table" in str(raised.value)
+
+
+@pytest.mark.parametrize("create", [False, True])
+def test_main_table_root_out_of_the_file_is_a_typed_error(
+    reference: Reference, workdir: Path, create: bool
+) -> None:
+    """Regression (a trial after the merge): the probe for a creation that never committed
+    read the main table through LMDB unguarded, so a root page number pointing past the
+    file came out as a raw ``lmdb.PageNotFoundError`` instead of a corrupt store."""
+    newest = max(_meta_pages(reference), key=lambda m: m.txnid)
+    copy = workdir / "copy"
+    shutil.copytree(reference.path, copy)
+    # MDB_meta: magic 4, version 4, address 8, map size 8, then two 48-byte table records
+    # (free list, main); the main record's root page number is its last 8 bytes.
+    root = newest.page * 4096 + lmdbfile.PAGE_HEADER + 24 + 2 * 48 - 8
+    flip(copy, [(root + 4, 0x20)])
+    with pytest.raises(CorruptStoreError):
+        Store.open(copy, create=create)
