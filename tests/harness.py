@@ -20,6 +20,9 @@ processes may hold it open.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -287,3 +290,33 @@ def _table_agreement(
                 f"{missing} documents lack their entry"
             )
     return problems
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class LineDrivenProcess:
+    """A Python child running ``script`` (with ``args``), driven one command line at a
+    time: each call writes a line and returns the child's one-line reply. The child reads
+    the project's own package, and ``stop`` sends ``quit``."""
+
+    def __init__(self, script: str, *args: str, timeout: float = 60.0) -> None:
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        self.timeout = timeout
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def __call__(self, command: str) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.communicate("quit\n", timeout=self.timeout)

@@ -33,7 +33,7 @@ from neardup_store.demo import make_corpus
 from neardup_store.errors import StoreBusyError
 from neardup_store.minhash import MinHashConfig, MinHasher
 from neardup_store.store import Store
-from tests.harness import Model, logical_dump, raw_dump
+from tests.harness import LineDrivenProcess, Model, logical_dump, raw_dump
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
@@ -213,30 +213,17 @@ for line in sys.stdin:
 """
 
 
-class Holder:
+class Holder(LineDrivenProcess):
     """A second process that opens, writes to and closes the store when told to; every
     command waits for its acknowledgement line."""
 
     def __init__(self, path: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, str(path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=CHILD_ENV,
-        )
+        super().__init__(_HOLDER, str(path), timeout=TIMEOUT_S)
 
     def __call__(self, command: str) -> str:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        reply = self.process.stdout.readline().strip()
+        reply = super().__call__(command)
         assert reply, f"the holder process died on {command!r}"
         return reply
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.communicate("quit\n", timeout=TIMEOUT_S)
 
 
 @pytest.fixture

@@ -5,10 +5,7 @@ lock is tested with a real second process."""
 from __future__ import annotations
 
 import io
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +15,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
+from harness import LineDrivenProcess
 
 from neardup_store import codec, integrity, maintenance
 from neardup_store.clusters import duplicate_groups, verified_pairs
@@ -447,35 +445,10 @@ for line in sys.stdin:
 """
 
 
-class _Child:
-    """A second process holding the store, driven line by line."""
-
-    def __init__(self, path: Path) -> None:
-        root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-
-    def __call__(self, command: str) -> str:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self.process.stdout.readline().strip()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.communicate("quit\n", timeout=10)
-
-
 def test_compact_and_rebuild_refuse_while_another_process_has_the_store(
     store: Store, corpus: DemoCorpus
 ) -> None:
-    child = _Child(store.path)
+    child = LineDrivenProcess(_CHILD, str(store.path), timeout=10)
     try:
         assert child("open") == "opened"
         assert child("add from-child a document the other process committed") == "added"
