@@ -7,12 +7,18 @@ values are little-endian.
 
 ``meta`` — text key → msgpack value
     ``format``           the string ``"neardup_store"``: marks the environment as a store.
-    ``format_version``   int, :data:`FORMAT_VERSION` of the writer.
+    ``format_version``   int, :data:`FORMAT_VERSION` of the writer; this release also reads
+                         and writes format 1 stores (:data:`READABLE_FORMATS`), which
+                         differ only in their band keys. A rebuild moves a store to the
+                         current format.
     ``package_version``  str, the neardup_store release that created the store.
     ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``.
     ``config``           map, :meth:`MinHashConfig.to_dict` (num_perm, scheme, seed and the
                          shingle configuration with its ``hash_version``).
-    ``banding``          map ``{"bands", "rows", "threshold", "generation"}``.
+    ``banding``          map ``{"bands", "rows", "threshold", "generation", "keys"}``;
+                         ``keys`` names the band key scheme (:data:`lsh.KEY_SCHEMES`). A
+                         format 1 store has no ``keys`` entry and uses ``"fold"``; format 2
+                         stores record it (``"multilinear"`` when made by this release).
     ``commit_counter``   int, +1 on every committed write transaction.
     ``next_doc_id``      int, the next internal document id to hand out.
     ``map_size``         int, the map size in bytes the store last grew to.
@@ -76,9 +82,11 @@ import numpy.typing as npt
 import xxhash
 
 from .errors import CorruptRecordError, InvalidKeyError, MetadataError
+from .lsh import LSHParams
 
 FORMAT_NAME = "neardup_store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 RECORD_VERSION = 1
 EXPORT_FORMAT = "neardup_store-export"
 EXPORT_VERSION = 1
@@ -115,6 +123,36 @@ _FLAG_METADATA = 2
 def band_table_name(generation: int, index: int) -> bytes:
     """Name of band table ``index`` of banding ``generation``."""
     return f"band.{generation}.{index:04d}".encode("ascii")
+
+
+def banding_meta(banding: LSHParams, threshold: float, generation: int) -> dict[str, Any]:
+    """The ``banding`` meta entry of a store of the current format."""
+    return {
+        "bands": banding.bands,
+        "rows": banding.rows,
+        "threshold": threshold,
+        "generation": generation,
+        "keys": banding.keys,
+    }
+
+
+def banding_from_meta(value: Any, format_version: int) -> tuple[LSHParams, float, int]:
+    """``(banding, threshold, generation)`` from a ``banding`` meta entry.
+
+    Raises:
+        TypeError, KeyError, ValueError (also InvalidParameterError): it does not decode,
+        or its key scheme disagrees with ``format_version``.
+    """
+    if not isinstance(value, dict):
+        raise TypeError("banding is not a map")
+    if format_version == 1:
+        if "keys" in value:
+            raise ValueError("a format 1 store names a band key scheme")
+        keys = "fold"
+    else:
+        keys = value["keys"]
+    banding = LSHParams(value["bands"], value["rows"], keys)
+    return banding, float(value["threshold"]), value["generation"]
 
 
 def encode_id(doc_id: int) -> bytes:
@@ -264,6 +302,14 @@ def decode_signature(data: bytes, doc_id: int | None = None) -> npt.NDArray[np.u
     """Only the signature of a record (verified), without decoding key or metadata."""
     _, _, _, signature, _ = _split_record(data, doc_id)
     return np.frombuffer(signature, dtype="<u4")
+
+
+def record_key_and_signature(
+    data: bytes, doc_id: int | None = None
+) -> tuple[bytes, bool, npt.NDArray[np.uint32]]:
+    """The key (bytes, is it a ``str``) and signature of a record, verified once."""
+    flags, _, raw_key, signature, _ = _split_record(data, doc_id)
+    return raw_key, bool(flags & _FLAG_STR_KEY), np.frombuffer(signature, dtype="<u4")
 
 
 def record_key(data: bytes, doc_id: int | None = None) -> tuple[bytes, bool]:

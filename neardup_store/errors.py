@@ -97,9 +97,10 @@ class NotAStoreError(NeardupError, ValueError):
 class FormatVersionError(NeardupError, ValueError):
     """The store was written in a format this release does not read."""
 
-    def __init__(self, path: str, found: object, supported: int) -> None:
+    def __init__(self, path: str, found: object, supported: tuple[int, ...]) -> None:
+        readable = " and ".join(f"v{version}" for version in supported)
         super().__init__(
-            f"{path}: store format v{found}, this release reads v{supported}; open it with "
+            f"{path}: store format v{found}, this release reads {readable}; open it with "
             "the release that wrote it and export it (`neardup-admin export`), then import "
             "the export here (if no other release wrote it, the store is corrupt: restore "
             "it from a backup)"

@@ -195,12 +195,13 @@ class _Checker:
                 self.add("meta", f"meta entry {name!r} is missing")
         if meta.get("format", codec.FORMAT_NAME) != codec.FORMAT_NAME:
             self.add("meta", f"format is {meta['format']!r}, not {codec.FORMAT_NAME!r}")
-        if meta.get("format_version", codec.FORMAT_VERSION) != codec.FORMAT_VERSION:
+        version = meta.get("format_version", codec.FORMAT_VERSION)
+        if version not in codec.READABLE_FORMATS:
             self.add("meta", f"format_version is {meta['format_version']!r}")
         if "config" in meta:
             self.config(meta["config"])
         if "banding" in meta:
-            self.banding(meta["banding"])
+            self.banding(meta["banding"], version)
         for name in ("commit_counter", "next_doc_id", "map_size"):
             if name in meta and not (_is_int(meta[name]) and meta[name] >= 0):
                 self.add("meta", f"{name} is {meta[name]!r}, not a non-negative integer")
@@ -216,12 +217,9 @@ class _Checker:
         if config != self.store.config:
             self.add("meta", f"config is {config}, but the store was opened with another")
 
-    def banding(self, value: object) -> None:
+    def banding(self, value: object, format_version: object) -> None:
         try:
-            if not isinstance(value, dict):
-                raise TypeError("not a map")
-            banding = LSHParams(value["bands"], value["rows"])
-            threshold, generation = value["threshold"], value["generation"]
+            banding, threshold, generation = codec.banding_from_meta(value, format_version)
         except (TypeError, ValueError, KeyError) as err:
             self.add("meta", f"banding {value!r} does not decode ({type(err).__name__})")
             return

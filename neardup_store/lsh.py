@@ -12,9 +12,22 @@ sum of the false-positive area ``∫_0^t P(s) ds`` and the false-negative area
 polynomial of degree ``bands * rows <= num_perm``, which Gauss–Legendre quadrature with
 ``num_perm // 2 + 1`` nodes integrates without error (so no scipy is needed).
 
-A band key is a 64-bit seeded digest of (band index, the band's ``rows`` values); the whole
-batch's keys are computed at once. A collision of two different bands only adds a
-candidate, which verification against the signatures then rejects.
+A band key is a 64-bit seeded digest of the band's ``rows`` values, in one of two schemes
+(:data:`KEY_SCHEMES`, recorded with the banding of every store):
+
+``multilinear`` (stores of format 2)
+    ``sum(m[j] * v[j]) mod 2**64`` over the band's positions ``j``, with a seeded 64-bit
+    multiplier ``m[j]`` per signature position. For two different bands some difference
+    ``v[j] - v'[j]`` is non-zero and, being below ``2**32`` in size, divisible by at most
+    ``2**31``; fixing the other multipliers, at most ``2**31`` of the ``2**64`` values of
+    ``m[j]`` make the sums equal, so two different bands collide with probability at most
+    ``2**-33``. One signature's keys are three array operations (about 5 µs), which is
+    what a single query pays.
+``fold`` (stores of format 1)
+    a start value per band, folded with each row (add, multiply, xor-shift), finalised with
+    fmix64: thirteen dependent steps per band, about 80 µs for one signature.
+
+A collision only adds a candidate, which verification against the signatures rejects.
 """
 
 from __future__ import annotations
@@ -48,9 +61,13 @@ def s_curve(similarity: float | npt.ArrayLike, bands: int, rows: int) -> npt.NDA
     return 1.0 - (1.0 - s**rows) ** bands
 
 
+KEY_SCHEMES = ("multilinear", "fold")
+"""Band key schemes (see the module docstring); the first is the one new stores use."""
+
+
 @dataclass(frozen=True)
 class LSHParams:
-    """A banding: ``bands`` bands of ``rows`` rows.
+    """A banding: ``bands`` bands of ``rows`` rows, keyed by ``keys`` (a :data:`KEY_SCHEMES`).
 
     Example:
         >>> p = LSHParams(bands=20, rows=5)
@@ -60,12 +77,15 @@ class LSHParams:
 
     bands: int
     rows: int
+    keys: str = KEY_SCHEMES[0]
 
     def __post_init__(self) -> None:
         for name in ("bands", "rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParameterError(name, value, "an integer >= 1")
+        if self.keys not in KEY_SCHEMES:
+            raise InvalidParameterError("keys", self.keys, f"one of {', '.join(KEY_SCHEMES)}")
 
     @property
     def width(self) -> int:
@@ -182,8 +202,8 @@ def band_keys(
 ) -> npt.NDArray[np.uint64]:
     """Band keys of a batch of signatures, shape ``(n, bands)``, dtype uint64.
 
-    Key ``[i, j]`` digests band ``j`` of signature ``i``: a start value derived from
-    ``(seed, j)``, folded with each row value, finalised with fmix64.
+    Key ``[i, j]`` digests band ``j`` of signature ``i`` with ``params.keys``' scheme and
+    ``seed`` (see the module docstring).
     """
     if not isinstance(params, LSHParams):
         raise InvalidParameterError("params", params, "an LSHParams(bands, rows)")
@@ -197,10 +217,47 @@ def band_keys(
             "uint32 of shape (n, num_perm)",
         )
     params.check_fits(sigs.shape[1])
+    if params.keys == "fold":
+        return _fold_keys(sigs, params, seed)
+    return _multilinear_keys(sigs, params, seed)
+
+
+# Signatures per block of the multilinear keys: its uint64 products stay in the CPU cache.
+_KEY_BLOCK = 2048
+
+
+def _multilinear_keys(
+    sigs: npt.NDArray[np.uint32], params: LSHParams, seed: int
+) -> npt.NDArray[np.uint64]:
+    n, width = len(sigs), params.width
+    multipliers = _multipliers(seed, width)
+    keys = np.empty((n, params.bands), dtype=np.uint64)
+    for lo in range(0, n, _KEY_BLOCK):
+        products = sigs[lo : lo + _KEY_BLOCK, :width].astype(np.uint64)
+        products *= multipliers  # wraps modulo 2**64, as the scheme says
+        np.sum(
+            products.reshape(-1, params.bands, params.rows),
+            axis=2,
+            dtype=np.uint64,
+            out=keys[lo : lo + _KEY_BLOCK],
+        )
+    return keys
+
+
+@lru_cache(maxsize=64)
+def _multipliers(seed: int, width: int) -> npt.NDArray[np.uint64]:
+    """One multiplier per banded signature position (cached: every query needs them)."""
+    multipliers = derive_keys(seed, "band-multilinear", width)
+    multipliers.flags.writeable = False
+    return multipliers
+
+
+def _fold_keys(
+    sigs: npt.NDArray[np.uint32], params: LSHParams, seed: int
+) -> npt.NDArray[np.uint64]:
     n = len(sigs)
     # Row-major (rows, n, bands) copy: each step of the fold below reads one contiguous
-    # slab, and all steps run in place, so a single query costs a few dozen tiny ufunc
-    # calls and a large batch streams through memory once per row.
+    # slab, and all steps run in place.
     rows = np.ascontiguousarray(
         sigs[:, : params.width].reshape(n, params.bands, params.rows).transpose(2, 0, 1),
         dtype=np.uint64,
@@ -218,7 +275,7 @@ def band_keys(
 
 @lru_cache(maxsize=64)
 def _band_starts(seed: int, bands: int) -> npt.NDArray[np.uint64]:
-    """Start value of each band's digest (cached: a query needs them every time)."""
+    """Start value of each band's fold (cached: a query needs them every time)."""
     starts = derive_keys(seed, "band", bands)
     starts.flags.writeable = False
     return starts

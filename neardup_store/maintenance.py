@@ -609,8 +609,10 @@ def _rebanding(
             count += len(batch)
             if progress is not None:
                 progress(count)
-        value = dict(bands=banding.bands, rows=banding.rows, threshold=threshold)
-        txn.put(b"banding", codec.pack_meta({**value, "generation": generation}), db=store._meta_db)
+        # The new band keys are the current scheme's, so the store is now of this format.
+        meta = codec.banding_meta(banding, threshold, generation)
+        txn.put(b"banding", codec.pack_meta(meta), db=store._meta_db)
+        txn.put(b"format_version", codec.pack_meta(codec.FORMAT_VERSION), db=store._meta_db)
         store._seal_meta(txn)
         return count
 

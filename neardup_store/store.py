@@ -267,12 +267,7 @@ class Store:
                 "package_version": __version__,
                 "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
                 "config": params.config.to_dict(),
-                "banding": {
-                    "bands": params.banding.bands,
-                    "rows": params.banding.rows,
-                    "threshold": params.threshold,
-                    "generation": 0,
-                },
+                "banding": codec.banding_meta(params.banding, params.threshold, 0),
                 "commit_counter": 0,
                 "next_doc_id": 0,
                 "map_size": size,
@@ -362,8 +357,8 @@ class Store:
         version = meta["format_version"]
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise CorruptStoreError(path, f"format_version is {version!r}")
-        if version != codec.FORMAT_VERSION:
-            raise FormatVersionError(path, version, codec.FORMAT_VERSION)
+        if version not in codec.READABLE_FORMATS:
+            raise FormatVersionError(path, version, codec.READABLE_FORMATS)
         checksum = meta.get("meta_checksum")
         expected = codec.meta_checksum({k.decode(): v for k, v in raw.items()})
         if checksum is not None and checksum != expected:
@@ -383,13 +378,10 @@ class Store:
 
     def _params_from_meta(self, meta: dict[str, Any]) -> StoreParams:
         try:
-            banding = meta["banding"]
-            params = StoreParams(
-                MinHashConfig.from_dict(meta["config"]),
-                LSHParams(banding["bands"], banding["rows"]),
-                float(banding["threshold"]),
+            banding, threshold, generation = codec.banding_from_meta(
+                meta["banding"], meta["format_version"]
             )
-            generation = banding["generation"]
+            params = StoreParams(MinHashConfig.from_dict(meta["config"]), banding, threshold)
         except (TypeError, ValueError, KeyError, AttributeError) as err:
             raise CorruptStoreError(
                 str(self.path),
@@ -677,6 +669,8 @@ class Store:
 
     def _check_signature(self, signature: npt.ArrayLike) -> npt.NDArray[np.uint32]:
         array = np.asarray(signature)
+        if array.dtype == np.uint32 and array.shape == (self.config.num_perm,):
+            return array  # the common case, and every value is in range by its type
         if array.ndim != 1:
             raise InvalidParameterError(
                 "signature",

@@ -263,6 +263,8 @@ class ReadTxn:
     ) -> list[list[Match]]:
         threshold = self._store._check_threshold(threshold)
         limit = _check_limit(limit)
+        if len(sigs) == 1:
+            return [self._query_one(sigs[0], threshold, limit)]
         candidates = self._candidates_many(self._band_key_matrix(sigs))
         wanted = sorted(set().union(*candidates))
         if not wanted:
@@ -283,6 +285,26 @@ class ReadTxn:
             scored = [(i, float(x)) for i, x in zip(ordered, scores, strict=True) if x >= threshold]
             results.append(self._to_matches(scored, limit))
         return results
+
+    def _query_one(
+        self, sig: npt.NDArray[np.uint32], threshold: float, limit: int | None
+    ) -> list[Match]:
+        """One signature's matches: the same answer as a batch of one, with less overhead
+        (each candidate's record is read and verified once, for its key and signature)."""
+        ids = self._candidates(self._band_key_rows(sig[None, :])[0])
+        if not ids:
+            return []
+        num_perm = len(sig)
+        scored = []
+        for doc_id in ids:
+            raw, is_str, stored = codec.record_key_and_signature(
+                self._record(doc_id), codec.decode_id(doc_id)
+            )
+            score = int(np.count_nonzero(stored == sig)) / num_perm
+            if score >= threshold:
+                scored.append((score, doc_id, raw.decode("utf-8") if is_str else raw))
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        return [Match(key, score) for score, _, key in scored[:limit]]
 
     def _query_exact(
         self,
@@ -337,6 +359,7 @@ class ReadTxn:
         return codec.band_key_bytes(keys)  # type: ignore[return-value]
 
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Candidate ids of one query, given its band keys (8 bytes each)."""
         ids: set[bytes] = set()
         for band, band_key in enumerate(keys):
             cursor = self._band_cursor(band)

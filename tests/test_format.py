@@ -22,8 +22,9 @@ import xxhash
 
 from neardup_store import codec
 from neardup_store._version import __version__
-from neardup_store.errors import CorruptRecordError, MetadataError
-from neardup_store.lsh import band_keys
+from neardup_store.errors import CorruptRecordError, CorruptStoreError, MetadataError
+from neardup_store.hashing import derive_keys
+from neardup_store.lsh import LSHParams, band_keys
 from neardup_store.store import Store
 
 SIGNATURE_1 = np.array([1, 2, 0xFFFFFFFF, 0x12345678], dtype=np.uint32)
@@ -60,7 +61,8 @@ def reseal(body: bytes) -> bytes:
 
 
 def test_format_constants() -> None:
-    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 1
+    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 2
+    assert codec.READABLE_FORMATS == (1, 2)
     assert codec.RECORD_VERSION == 1
     assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 1
     assert (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB) == (b"meta", b"docs", b"keys")
@@ -190,6 +192,26 @@ def test_band_keys_and_table_names() -> None:
 # -- meta values and the export stream ---------------------------------------------------------
 
 
+def multilinear_by_definition(signature: Any, bands: int, rows: int, seed: int) -> list[int]:
+    """The ``multilinear`` band keys as the docstring states them, in Python integers."""
+    multipliers = [int(m) for m in derive_keys(seed, "band-multilinear", bands * rows)]
+    values = [int(v) for v in signature]
+    return [
+        sum(m * v for m, v in zip(multipliers[b * rows : (b + 1) * rows],
+                                  values[b * rows : (b + 1) * rows], strict=True)) % 2**64
+        for b in range(bands)
+    ]  # fmt: skip
+
+
+def test_multilinear_band_keys_follow_their_definition() -> None:
+    rng = np.random.default_rng(3)
+    sigs = rng.integers(0, 2**32, size=(50, 128), dtype=np.uint32)
+    sigs[0] = 2**32 - 1  # the largest values: every product and sum wraps
+    for bands, rows in ((9, 13), (16, 8), (1, 128)):
+        keys = band_keys(sigs, LSHParams(bands, rows), seed=7)
+        assert keys.tolist() == [multilinear_by_definition(s, bands, rows, 7) for s in sigs]
+
+
 def test_meta_values() -> None:
     assert codec.pack_meta(1) == b"\x01"
     assert codec.pack_meta("neardup_store") == bytes.fromhex("ad6e6561726475705f73746f7265")
@@ -311,6 +333,10 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
         store.add(b"\x00\xffk", signature=SIGNATURE_2)
         config, banding = store.config, store.banding
     expected_bands = band_keys(np.stack([SIGNATURE_1, SIGNATURE_2]), banding, seed=1)
+    assert banding.keys == "multilinear"
+    assert expected_bands.tolist() == [
+        multilinear_by_definition(sig, 2, 2, seed=1) for sig in (SIGNATURE_1, SIGNATURE_2)
+    ]
     env = lmdb.open(str(path), max_dbs=16, readonly=True, lock=False)
     try:
         with env.begin() as txn:
@@ -343,11 +369,13 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     assert isinstance(map_size, int) and map_size > 0
     assert values == {
         "format": "neardup_store",
-        "format_version": 1,
+        "format_version": 2,
         "package_version": __version__,
         "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
         "config": config.to_dict(),
-        "banding": {"bands": 2, "rows": 2, "threshold": 0.8, "generation": 0},
+        "banding": {
+            "bands": 2, "rows": 2, "threshold": 0.8, "generation": 0, "keys": "multilinear",
+        },
         "commit_counter": 2,
         "next_doc_id": 2,
     }
@@ -367,3 +395,106 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
             "hash_version": values["config"]["shingles"]["hash_version"],
         },
     }
+
+
+# -- stores of format 1 ------------------------------------------------------------------------
+
+
+def rewrite_as_format_1(path: Path) -> None:
+    """Turn a closed store into what format 1 wrote: fold band keys, no ``keys`` entry."""
+    env = lmdb.open(str(path), max_dbs=64)
+    try:
+        meta_db = env.open_db(codec.META_DB, create=False)
+        with env.begin(write=True) as txn:
+            meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor(db=meta_db)}
+            banding = meta["banding"]
+            fold = LSHParams(banding["bands"], banding["rows"], "fold")
+            docs = env.open_db(codec.DOCS_DB, txn=txn, create=False)
+            ids, sigs = [], []
+            for raw_id, record in txn.cursor(db=docs):
+                ids.append(bytes(raw_id))
+                sigs.append(codec.decode_signature(bytes(record)))
+            keys = band_keys(np.stack(sigs), fold, meta["config"]["seed"])
+            for band in range(fold.bands):
+                name = codec.band_table_name(banding["generation"], band)
+                table = env.open_db(name, txn=txn, create=False, dupsort=True, dupfixed=True)
+                txn.drop(table, delete=False)
+                for raw_id, key in zip(ids, codec.encode_band_keys(keys[:, band]), strict=True):
+                    txn.put(key, raw_id, db=table)
+            del banding["keys"]
+            txn.put(b"banding", codec.pack_meta(banding), db=meta_db)
+            txn.put(b"format_version", codec.pack_meta(1), db=meta_db)
+            raw = {name: bytes(txn.get(name.encode(), db=meta_db)) for name in codec.SEALED_META}
+            txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
+    finally:
+        env.close()
+
+
+def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_2(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
+    near = sigs[:40].copy()
+    near[:, :13] = 7  # the first band changed: 115 of 128 values still agree
+    queries = np.concatenate([near, rng.integers(0, 2**32, size=(10, 128), dtype=np.uint32)])
+    current, old = tmp_path / "current", tmp_path / "old"
+    for path in (current, old):
+        with Store.open(path, create=True) as store:
+            store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+    rewrite_as_format_1(old)
+    with Store.open(current) as store, store.read() as txn:
+        expected = [txn.query(signature=q) for q in queries]
+        assert txn.query_many(signatures=queries) == expected
+    assert sum(len(m) for m in expected) >= 40  # every near copy finds its original
+
+    with Store.open(old) as store:
+        assert store.banding.keys == "fold" and store.check().ok
+        with store.read() as txn:
+            assert [txn.query(signature=q) for q in queries] == expected
+            assert txn.query_many(signatures=queries) == expected
+        store.add_signatures([("late", near[0])])  # written with fold keys, as format 1 says
+        assert store.check().ok
+        assert [m.key for m in store.query(signature=near[0])] == ["late", "d0"]
+        store.remove("late")
+        report = store.rebuild()
+        assert store.banding.keys == "multilinear" and store.check().ok
+        assert report.new_params.banding == LSHParams(9, 13, "multilinear")
+        with store.read() as txn:
+            assert [txn.query(signature=q) for q in queries] == expected
+    with Store.open(old) as store:  # what the rebuild wrote is what reopening reads
+        assert store.banding.keys == "multilinear"
+        with store.read() as txn:
+            assert store._read_meta(txn.txn, "format_version") == 2
+            assert store._read_meta(txn.txn, "banding")["keys"] == "multilinear"
+
+
+@pytest.mark.parametrize(
+    ("version", "banding_change", "problem"),
+    [
+        (1, {"keys": "fold"}, "format 1 store names a band key scheme"),
+        (2, {"keys": None}, "keys"),
+        (2, {"keys": "sha1"}, "keys"),
+    ],
+)
+def test_a_banding_that_contradicts_its_format_is_a_corrupt_store(
+    tmp_path: Path, version: int, banding_change: dict[str, Any], problem: str
+) -> None:
+    path = tmp_path / "store"
+    Store.open(path, create=True).close()
+    env = lmdb.open(str(path), max_dbs=64)
+    try:
+        meta_db = env.open_db(codec.META_DB, create=False)
+        with env.begin(write=True) as txn:
+            banding = codec.unpack_meta(txn.get(b"banding", db=meta_db))
+            for name, value in banding_change.items():
+                if value is None:
+                    del banding[name]
+                else:
+                    banding[name] = value
+            txn.put(b"banding", codec.pack_meta(banding), db=meta_db)
+            txn.put(b"format_version", codec.pack_meta(version), db=meta_db)
+            raw = {name: bytes(txn.get(name.encode(), db=meta_db)) for name in codec.SEALED_META}
+            txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
+    finally:
+        env.close()
+    with pytest.raises(CorruptStoreError, match=problem):
+        Store.open(path)

@@ -78,12 +78,25 @@ def test_shingle_hashes_are_pinned() -> None:
     ]
 
 
-def test_band_keys_are_pinned() -> None:
-    keys = band_keys(MinHasher().signatures(TEXTS), LSHParams(9, 13))
-    assert hashlib.sha256(keys.astype("<u8").tobytes()).hexdigest() == (
-        "3fe04a2ff7ec4d38b7215b56ee801520dea611d563ab7ede9b2eb36c89a642c8"
-    )
-    assert keys[0, :2].tolist() == [15213700286706899156, 8855641454244499343]
+@pytest.mark.parametrize(
+    ("scheme", "digest", "first"),
+    [
+        (
+            "fold",  # stores of format 1
+            "3fe04a2ff7ec4d38b7215b56ee801520dea611d563ab7ede9b2eb36c89a642c8",
+            [15213700286706899156, 8855641454244499343],
+        ),
+        (
+            "multilinear",  # stores of format 2
+            "5279c931a878aa1a4197469dc3481971debca37eb846317d711cfcdb711122c0",
+            [10231735975641395329, 6322865515209535905],
+        ),
+    ],
+)
+def test_band_keys_are_pinned(scheme: str, digest: str, first: list[int]) -> None:
+    keys = band_keys(MinHasher().signatures(TEXTS), LSHParams(9, 13, scheme))
+    assert hashlib.sha256(keys.astype("<u8").tobytes()).hexdigest() == digest
+    assert keys[0, :2].tolist() == first
 
 
 @pytest.mark.parametrize("hash_seed", ["0", "12345"])

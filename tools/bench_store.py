@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import pickle
 import shutil
@@ -44,6 +45,10 @@ from corpus import stream_documents
 
 TOOLS = Path(__file__).resolve().parent
 CACHE = TOOLS / "results" / "cache"
+STORE_OPTIONS: dict[str, Any] = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
+"""The table's setting (num_perm 128, t = 0.8) with the banding datasketch picks for it, so
+both sides look up the same number of bands; the store's defaults are num_perm 256 with
+more bands (see the accuracy section)."""
 
 
 def percentiles(seconds: Sequence[float]) -> dict[str, float]:
@@ -123,7 +128,7 @@ def ours_large(
     result: dict[str, Any] = {"documents": n, "checkpoints": {}}
     batch = 10_000
     rates: list[tuple[int, float]] = []
-    with Store.open(path, create=True, durable=False) as store:
+    with Store.open(path, create=True, durable=False, **STORE_OPTIONS) as store:
         for lo in range(0, n, batch):
             items = [(f"d{i}", sigs[i]) for i in range(lo, min(n, lo + batch))]
             gc.collect()
@@ -300,14 +305,14 @@ def datasketch_redis(
 # -- end to end -------------------------------------------------------------------------------
 
 _WORKER = r"""
-import os, pickle, sys, time
-cpu, store_path, docs_path, part, parts = sys.argv[1:6]
+import json, os, pickle, sys, time
+cpu, store_path, docs_path, part, parts, options = sys.argv[1:7]
 os.sched_setaffinity(0, {int(cpu)})
 sys.path.insert(0, os.environ["NEARDUP_ROOT"])
 from neardup_store import Store
 docs = pickle.load(open(docs_path, "rb"))
 mine = [(f"p{part}-{i}", d) for i, d in enumerate(docs) if i % int(parts) == int(part)]
-with Store.open(store_path, create=True, durable=False) as store:
+with Store.open(store_path, create=True, durable=False, **json.loads(options)) as store:
     print("ready", flush=True)
     sys.stdin.readline()
     store.add_many(mine, batch_size=500)
@@ -329,6 +334,7 @@ def _run_workers(docs_path: Path, store_path: Path, cpus: Sequence[int], root: P
                 str(docs_path),
                 str(part),
                 str(len(cpus)),
+                json.dumps(STORE_OPTIONS),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -361,7 +367,7 @@ def end_to_end(
     seconds = []
     for attempt in range(repeats):
         path = workdir / f"e2e-{attempt}.ndx"
-        with Store.open(path, create=True, durable=False) as store:
+        with Store.open(path, create=True, durable=False, **STORE_OPTIONS) as store:
             gc.collect()
             start = time.perf_counter()
             store.add_many(items, batch_size=500)

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import codec
 from ..errors import InvalidParameterError
-from ..lsh import LSHParams
+from ..lsh import KEY_SCHEMES, LSHParams
 from ..minhash import MinHashConfig
 from ..params import StoreParams
 from ..store import Store
@@ -50,6 +50,7 @@ def params_to_dict(params: StoreParams) -> dict[str, Any]:
         "bands": params.banding.bands,
         "rows": params.banding.rows,
         "threshold": params.threshold,
+        "keys": params.banding.keys,
     }
 
 
@@ -57,7 +58,7 @@ def params_from_dict(data: dict[str, Any]) -> StoreParams:
     """Inverse of :func:`params_to_dict`."""
     return StoreParams(
         MinHashConfig.from_dict(data["config"]),
-        LSHParams(int(data["bands"]), int(data["rows"])),
+        LSHParams(int(data["bands"]), int(data["rows"]), str(data.get("keys", KEY_SCHEMES[0]))),
         float(data["threshold"]),
     )
 
