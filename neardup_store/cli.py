@@ -27,7 +27,7 @@ from .demo import run_demo
 from .errors import NeardupError, StoreNotFoundError
 from .lsh import choose_params
 from .maintenance import Pair
-from .minhash import SCHEMES, MinHashConfig
+from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .store import Store
 from .text import SHINGLE_KINDS, ShingleConfig
 
@@ -194,7 +194,9 @@ def _source_texts(items: list[tuple[Any, str]], stream: IO[str]) -> Callable[[An
 @cli.command()
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8).")
-@click.option("--num-perm", type=int, default=None, help="Signature length (default 128).")
+@click.option(
+    "--num-perm", type=int, default=None, help=f"Signature length (default {DEFAULT_NUM_PERM})."
+)
 @click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme.")
 @click.option("--seed", type=int, default=None, help="Hash seed (default 1).")
 @click.option("--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True)
@@ -289,12 +291,14 @@ def init(
 
 @cli.command()
 @click.option("--threshold", type=float, required=True, help="Jaccard threshold in (0, 1).")
-@click.option("--num-perm", type=int, default=128, show_default=True, help="Signature length.")
 @click.option(
-    "--fp-weight", type=float, default=0.5, show_default=True, help="False-positive cost."
+    "--num-perm", type=int, default=DEFAULT_NUM_PERM, show_default=True, help="Signature length."
 )
 @click.option(
-    "--fn-weight", type=float, default=0.5, show_default=True, help="False-negative cost."
+    "--fp-weight", type=float, default=0.05, show_default=True, help="False-positive cost."
+)
+@click.option(
+    "--fn-weight", type=float, default=0.95, show_default=True, help="False-negative cost."
 )
 @click.option("--use-all", is_flag=True, help="Only bandings with bands*rows == num_perm.")
 @click.option(
@@ -320,8 +324,8 @@ def params(
 
     \b
     Example:
-        neardup-admin params --threshold 0.8 --num-perm 128
-        neardup-admin params --threshold 0.5 --num-perm 256 --fn-weight 0.8 --png curve.png
+        neardup-admin params --threshold 0.8
+        neardup-admin params --threshold 0.5 --num-perm 128 --fn-weight 0.5 --fp-weight 0.5
     """
     if png is not None and importlib.util.find_spec("matplotlib") is None:
         raise InputError(
@@ -1027,7 +1031,9 @@ _conf_option = click.option(
 @_master_option
 @_conf_option
 @click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8).")
-@click.option("--num-perm", type=int, default=None, help="Signature length (default 128).")
+@click.option(
+    "--num-perm", type=int, default=None, help=f"Signature length (default {DEFAULT_NUM_PERM})."
+)
 @click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme.")
 @click.option("--seed", type=int, default=None, help="Hash seed (default 1).")
 @click.option("--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True)
@@ -1176,7 +1182,9 @@ def spark_load(
 @click.option(
     "--threshold", default=0.7, show_default=True, type=float, help="Jaccard threshold in (0, 1)."
 )
-@click.option("--num-perm", default=128, show_default=True, type=int, help="Signature length.")
+@click.option(
+    "--num-perm", default=DEFAULT_NUM_PERM, show_default=True, type=int, help="Signature length."
+)
 @click.option(
     "--scheme", default="oph", show_default=True, type=click.Choice(SCHEMES), help="MinHash scheme."
 )

@@ -152,9 +152,9 @@ def _areas(
 
 def choose_params(
     threshold: float,
-    num_perm: int = 128,
-    false_positive_weight: float = 0.5,
-    false_negative_weight: float = 0.5,
+    num_perm: int = 256,
+    false_positive_weight: float = 0.05,
+    false_negative_weight: float = 0.95,
     use_all: bool = False,
 ) -> LSHParams:
     """Choose ``(bands, rows)`` minimising the weighted false-positive and -negative areas.
@@ -163,8 +163,10 @@ def choose_params(
         threshold: Jaccard similarity that should count as a near-duplicate, in (0, 1).
         num_perm: signature length; ``bands * rows`` never exceeds it.
         false_positive_weight / false_negative_weight: relative cost of each error kind
-            (non-negative, not both zero). Raise the negative weight when missing a
-            duplicate costs more than verifying a few extra candidates.
+            (non-negative, not both zero). The defaults (0.05 / 0.95, where datasketch
+            uses 0.5 / 0.5) count a miss 19 times a false candidate: a false candidate
+            costs one record read and is then rejected by verification, a miss is lost
+            for good. At t = 0.8 and num_perm 256 they give 25 x 10 instead of 17 x 15.
         use_all: only consider bandings with ``bands * rows == num_perm``.
 
     Raises:

@@ -65,7 +65,7 @@ from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
 from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
 from .text import ShingleConfig
-from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn
+from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn, _item
 
 if TYPE_CHECKING:
     from . import maintenance  # imported when called: it builds on this module
@@ -168,7 +168,7 @@ class Store:
 
         Parameters (threshold, num_perm, scheme, seed, shingles, bands/rows) are used when
         creating; on a reopen they may be omitted, and any that are passed must equal the
-        stored ones. Unset ones default to threshold 0.8, num_perm 128, scheme ``oph``,
+        stored ones. Unset ones default to threshold 0.8, num_perm 256, scheme ``oph``,
         seed 1, character 5-shingles, and bands/rows from :func:`choose_params`.
 
         ``mode`` sets the permissions of a store this call creates: the directory gets
@@ -744,11 +744,31 @@ class Store:
         If a batch fails, the batches before it stay committed and the error says so
         through its type; nothing of the failing batch is written.
         """
+        if replace:
+            return self._in_batches(
+                items,
+                batch_size,
+                lambda txn, batch: txn.add_many(batch, replace=True, encoding=encoding),
+            )
+        # Each batch is signed before its write transaction begins: LMDB lets one writer
+        # in at a time, so signing inside would make concurrent writers take turns at the
+        # costliest step instead of only at the writes.
         return self._in_batches(
             items,
             batch_size,
-            lambda txn, batch: txn.add_many(batch, replace=replace, encoding=encoding),
+            lambda txn, batch: txn.add_signatures(batch),
+            prepare=lambda batch: self._signed(batch, encoding),
         )
+
+    def _signed(self, batch: list[Any], encoding: str | None) -> list[tuple[Any, Any, Any]]:
+        """``(key, text[, metadata])`` items as ``(key, signature, metadata)``."""
+        self._check_writable()
+        entries = [_item(entry) for entry in batch]
+        for key, _, meta in entries:  # the same first complaint as WriteTxn.add_many
+            codec.key_bytes(key)
+            codec.pack_metadata(meta)
+        signatures = self.hasher.signatures([text for _, text, _ in entries], encoding)
+        return [(key, sig, meta) for (key, _, meta), sig in zip(entries, signatures, strict=True)]
 
     def add_signatures(
         self,
@@ -767,12 +787,16 @@ class Store:
         items: Iterable[Any],
         batch_size: int | None,
         add: Callable[[WriteTxn, list[Any]], int],
+        prepare: Callable[[list[Any]], list[Any]] | None = None,
     ) -> int:
-        """Run ``add`` on consecutive batches, one write transaction each; sum the counts."""
+        """Run ``add`` on consecutive batches, one write transaction each; sum the counts.
+        ``prepare`` turns a batch into what ``add`` takes, before the transaction begins."""
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise InvalidParameterError("batch_size", batch_size, "a positive integer or None")
         total = 0
         for batch in _batches(items, batch_size):
+            if prepare is not None:
+                batch = prepare(batch)
             with self.write() as txn:
                 total += add(txn, batch)
         return total

@@ -39,7 +39,13 @@ from neardup_store.params import StoreParams, resolve_params
 
 Key = str | bytes
 
-STORE_OPTIONS: dict[str, Any] = {"threshold": 0.6, "num_perm": 64, "seed": 11}
+STORE_OPTIONS: dict[str, Any] = {
+    "threshold": 0.6,
+    "num_perm": 64,
+    "seed": 11,
+    "bands": 10,
+    "rows": 6,
+}
 """Parameters of the crash store (a low threshold: many bands, many shared buckets)."""
 CREATE_MAP_SIZE = 1 << 16
 MARKER = "__seq__"
@@ -69,8 +75,9 @@ def store_params() -> StoreParams:
     """The crash store's parameters, resolved exactly as ``Store.open`` resolves them."""
     options = STORE_OPTIONS
     return resolve_params(
-        options["threshold"], options["num_perm"], None, options["seed"], None, None, None
-    )
+        options["threshold"], options["num_perm"], None, options["seed"], None,
+        options["bands"], options["rows"],
+    )  # fmt: skip
 
 
 def _rng(seed: int, *parts: int) -> np.random.Generator:

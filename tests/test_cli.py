@@ -58,7 +58,7 @@ def test_demo_json_lines(runner: CliRunner) -> None:
     groups, summary = records[:-1], records[-1]["summary"]
     assert summary["planted_groups"] == 10 and summary["groups_found"] == len(groups)
     assert all(len(g["keys"]) >= 2 and g["similarities"][0] == 1.0 for g in groups)
-    assert summary["config"]["num_perm"] == 128
+    assert summary["config"]["num_perm"] == 256
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_init_json_with_explicit_banding(runner: CliRunner, tmp_path: Path) -> N
     ("args", "message"),
     [
         (["--threshold", "1.5"], "Error: threshold=1.5 is not valid"),
-        (["--bands", "20", "--rows", "7"], "Error: bands*rows='20*7=140' is not valid"),
+        (["--bands", "30", "--rows", "9"], "Error: bands*rows='30*9=270' is not valid"),
         (["--bands", "20"], "Error: bands/rows=(20, None) is not valid"),
         (["--shingle-size", "0"], "Error: size=0 is not valid"),
     ],
@@ -166,13 +166,14 @@ def test_params_table_plot_and_json(runner: CliRunner) -> None:
     result = _run(runner, "params", "--threshold", "0.8", "--num-perm", "128")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("num_perm=128: 9 bands x 13 rows at threshold 0.8")
+    assert lines[0].startswith("num_perm=128: 16 bands x 8 rows at threshold 0.8")
     assert sum(1 for line in lines if line.strip().startswith("0.")) >= 20  # table rows
     plot = [line for line in lines if line.startswith("     |") or line.startswith(" 1.0 |")]
     assert len(plot) >= 19 and all(len(line) <= 66 for line in plot)
     rows = _jsonl(_run(runner, "params", "--threshold", "0.8", "--json").output)
     assert [r["similarity"] for r in rows[:-1]] == [round(i * 0.05, 2) for i in range(21)]
-    assert rows[-1]["summary"]["bands"] == 9 and rows[-1]["summary"]["rows"] == 13
+    assert rows[-1]["summary"]["bands"] == 25 and rows[-1]["summary"]["rows"] == 10
+    assert rows[-1]["summary"]["num_perm"] == 256
     assert rows[0]["probability"] == 0.0 and rows[-2]["probability"] == 1.0
 
 
@@ -372,7 +373,7 @@ def test_compact_rebuild_backup(runner: CliRunner, store_path: Path, tmp_path: P
     rebuilt = _run(runner, "rebuild", store_path, "--bands", "16", "--rows", "8", "--json")
     assert _jsonl(rebuilt.output)[0]["new"]["bands"] == 16
     assert _run(runner, "rebuild", store_path).exit_code == 2
-    too_wide = _run(runner, "rebuild", store_path, "--bands", "20", "--rows", "7")
+    too_wide = _run(runner, "rebuild", store_path, "--bands", "30", "--rows", "9")
     assert too_wide.exit_code == 2 and too_wide.output.startswith("Error: bands*rows=")
     dest = tmp_path / "backup.ndx"
     backed = _run(runner, "backup", store_path, dest)

@@ -421,3 +421,29 @@ def test_compaction_never_loses_a_concurrent_commit(store_path: Path) -> None:
         with store.read() as txn:
             assert consistency_problems(txn) == []
             assert len(txn) == len(set(txn.keys()))
+
+
+def test_another_process_commits_while_add_many_is_still_signing(store_path: Path) -> None:
+    """``Store.add_many`` signs each batch before taking LMDB's one writer lock, so two
+    ingesting processes sign side by side and only take turns to write."""
+    other_writer = (
+        "import sys; from neardup_store import Store\n"
+        "with Store.open(sys.argv[1]) as store:\n"
+        "    store.add('from-the-other-process', 'a text written while the first one signs')\n"
+    )
+    with Store.open(store_path, create=True) as store:
+        sign = store.hasher.signatures
+        committed_meanwhile = []
+
+        def signatures_with_a_concurrent_commit(texts: Any, encoding: Any = None) -> Any:
+            # With the write lock held here, the child would block until the timeout.
+            subprocess.run(
+                [sys.executable, "-c", other_writer, str(store_path)], check=True, timeout=30
+            )
+            committed_meanwhile.append("from-the-other-process" in store)
+            return sign(texts, encoding)
+
+        store.hasher.signatures = signatures_with_a_concurrent_commit  # type: ignore[method-assign]
+        store.add_many([("mine", "a text of the first process, long enough to shingle")])
+        assert committed_meanwhile == [True]
+        assert set(store) == {"mine", "from-the-other-process"}

@@ -374,7 +374,11 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
         "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
         "config": config.to_dict(),
         "banding": {
-            "bands": 2, "rows": 2, "threshold": 0.8, "generation": 0, "keys": "multilinear",
+            "bands": 2,
+            "rows": 2,
+            "threshold": 0.8,
+            "generation": 0,
+            "keys": "multilinear",
         },
         "commit_counter": 2,
         "next_doc_id": 2,
@@ -438,7 +442,7 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_2(tmp_path:
     queries = np.concatenate([near, rng.integers(0, 2**32, size=(10, 128), dtype=np.uint32)])
     current, old = tmp_path / "current", tmp_path / "old"
     for path in (current, old):
-        with Store.open(path, create=True) as store:
+        with Store.open(path, create=True, num_perm=128, bands=9, rows=13) as store:
             store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
     rewrite_as_format_1(old)
     with Store.open(current) as store, store.read() as txn:
@@ -455,7 +459,7 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_2(tmp_path:
         assert store.check().ok
         assert [m.key for m in store.query(signature=near[0])] == ["late", "d0"]
         store.remove("late")
-        report = store.rebuild()
+        report = store.rebuild(bands=9, rows=13)
         assert store.banding.keys == "multilinear" and store.check().ok
         assert report.new_params.banding == LSHParams(9, 13, "multilinear")
         with store.read() as txn:

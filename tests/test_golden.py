@@ -26,8 +26,9 @@ TEXTS = [
 ]
 
 CONFIGS = {
-    "oph-char5": MinHashConfig(),
-    "kperm-char5": MinHashConfig(scheme="kperm"),
+    "oph-char5": MinHashConfig(num_perm=128),
+    "kperm-char5": MinHashConfig(num_perm=128, scheme="kperm"),
+    "oph-char5-defaults": MinHashConfig(),
     "oph-word2-bag": MinHashConfig(
         num_perm=64, shingles=ShingleConfig(kind="word", size=2, bag=True)
     ),
@@ -40,6 +41,10 @@ GOLDEN = {
     "oph-char5": (
         "8a78831a93da985ec95692f62653a7f0c7287bf971c7a04b95a850aa5fcbc883",
         [80376165, 2528935198, 3747089265, 2634554238],
+    ),
+    "oph-char5-defaults": (
+        "65ba1b9a3987d00cb5b07dea00384af0462f2f23d89c750ccf5e59b225c963dd",
+        [80376165, 2528935198, 2763222084, 3747089265],
     ),
     "kperm-char5": (
         "c554a3b97a8dc2c3062cdbfbbdb5c558111a44db060138ea7460c7d7dd8526e0",
@@ -94,7 +99,7 @@ def test_shingle_hashes_are_pinned() -> None:
     ],
 )
 def test_band_keys_are_pinned(scheme: str, digest: str, first: list[int]) -> None:
-    keys = band_keys(MinHasher().signatures(TEXTS), LSHParams(9, 13, scheme))
+    keys = band_keys(MinHasher(CONFIGS["oph-char5"]).signatures(TEXTS), LSHParams(9, 13, scheme))
     assert hashlib.sha256(keys.astype("<u8").tobytes()).hexdigest() == digest
     assert keys[0, :2].tolist() == first
 

@@ -44,21 +44,30 @@ def test_s_curve_is_vectorised_and_monotone() -> None:
     assert (np.diff(p) >= 0).all()
 
 
-def _brute_force_error(t: float, b: int, r: int) -> float:
-    """Independent check: trapezoid rule on a very fine grid."""
+def _brute_force_error(t: float, b: int, r: int, fp: float = 0.05, fn: float = 0.95) -> float:
+    """Independent check: trapezoid rule on a very fine grid (default weights: the defaults)."""
     lo, hi = np.linspace(0, t, 20001), np.linspace(t, 1, 20001)
-    return 0.5 * np.trapezoid(s_curve(lo, b, r), lo) + 0.5 * np.trapezoid(1 - s_curve(hi, b, r), hi)
+    return fp * np.trapezoid(s_curve(lo, b, r), lo) + fn * np.trapezoid(1 - s_curve(hi, b, r), hi)
 
 
 @pytest.mark.parametrize("threshold", [0.3, 0.5, 0.7, 0.8, 0.9])
 @pytest.mark.parametrize("num_perm", [64, 128, 200])
-def test_choose_params_minimises_the_weighted_error(threshold: float, num_perm: int) -> None:
-    params = choose_params(threshold, num_perm)
+@pytest.mark.parametrize("weights", [(0.05, 0.95), (0.5, 0.5)])
+def test_choose_params_minimises_the_weighted_error(
+    threshold: float, num_perm: int, weights: tuple[float, float]
+) -> None:
+    params = choose_params(threshold, num_perm, *weights)
     assert params.width <= num_perm
-    chosen = _brute_force_error(threshold, params.bands, params.rows)
+    chosen = _brute_force_error(threshold, params.bands, params.rows, *weights)
     for b in range(1, num_perm + 1):
         for r in range(1, num_perm // b + 1):
-            assert chosen <= _brute_force_error(threshold, b, r) + 1e-9
+            assert chosen <= _brute_force_error(threshold, b, r, *weights) + 1e-9
+
+
+def test_default_weights_count_a_miss_nineteen_times_a_false_candidate() -> None:
+    assert choose_params(0.8) == choose_params(0.8, 256, 0.05, 0.95) == LSHParams(25, 10)
+    assert choose_params(0.8, 128) == LSHParams(16, 8)
+    assert choose_params(0.8, 128, 0.5, 0.5) == LSHParams(9, 13)  # datasketch's choice
 
 
 def test_exact_areas_match_numeric_integration() -> None:
@@ -82,7 +91,7 @@ def test_use_all_uses_every_signature_value() -> None:
 def test_weights_move_the_curve() -> None:
     fewer_misses = choose_params(0.8, 128, false_positive_weight=0.1, false_negative_weight=0.9)
     fewer_false = choose_params(0.8, 128, false_positive_weight=0.9, false_negative_weight=0.1)
-    balanced = choose_params(0.8, 128)
+    balanced = choose_params(0.8, 128, false_positive_weight=0.5, false_negative_weight=0.5)
     assert fewer_misses.approx_threshold < balanced.approx_threshold < fewer_false.approx_threshold
 
 

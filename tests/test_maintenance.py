@@ -484,7 +484,7 @@ def test_rebuild_with_a_new_threshold(store: Store, corpus: DemoCorpus) -> None:
 
     assert report.generation == 1 and report.documents == len(corpus.documents) + 1
     assert report.old_params.threshold == THRESHOLD and report.new_params.threshold == 0.8
-    assert store.banding == choose_params(0.8, 128) != report.old_params.banding
+    assert store.banding == choose_params(0.8, store.config.num_perm) != report.old_params.banding
     assert store.check().ok
     sigs = np.stack([store.get(k).signature for k in corpus.documents])
     keys = list(corpus.documents)
@@ -543,7 +543,7 @@ def test_rebuild_rejects_bad_banding_and_changes_nothing(store: Store) -> None:
     with pytest.raises(InvalidParameterError):
         store.rebuild(bands=10)
     with pytest.raises(InvalidParameterError):
-        store.rebuild(bands=20, rows=10)  # 200 values > num_perm 128
+        store.rebuild(bands=30, rows=10)  # 300 values > num_perm 256
     with pytest.raises(InvalidParameterError):
         store.rebuild(threshold=0.0)
     assert store.params.threshold == THRESHOLD and store.stats().generation == 0
@@ -605,7 +605,7 @@ def test_import_refuses_another_signature_configuration(store: Store, tmp_path: 
     with Store.open(tmp_path / "small", create=True, num_perm=64, seed=9) as small:
         with pytest.raises(InvalidStreamError) as caught:
             small.import_(io.BytesIO(data))
-        assert "num_perm: store has 64, stream has 128" in str(caught.value)
+        assert "num_perm: store has 64, stream has 256" in str(caught.value)
         assert "seed: store has 9, stream has 1" in str(caught.value)
         assert len(small) == 0
 

@@ -54,7 +54,7 @@ def test_estimate_error_within_the_bound_num_perm_implies(scheme: str) -> None:
     sims = rng.uniform(0.05, 0.95, 1000)
     batch = set_pair_batch(sims, rng.integers(200, 2000, 1000), seed=12)
     exact = exact_of(batch)
-    sigs = MinHasher(MinHashConfig(scheme=scheme)).signatures_from_hashes(batch)  # type: ignore[arg-type]
+    sigs = MinHasher(MinHashConfig(num_perm=128, scheme=scheme)).signatures_from_hashes(batch)  # type: ignore[arg-type]
     estimate = (sigs[0::2] == sigs[1::2]).mean(axis=1)
     z = (estimate - exact) / np.sqrt(exact * (1 - exact) / 128)
     assert abs(z.mean()) < 0.15  # unbiased: the mean of 1000 z-scores has s.d. ~0.03
@@ -221,4 +221,4 @@ def test_batches_larger_than_one_internal_chunk() -> None:
     with pytest.raises(EmptyDocumentError) as info:
         hasher.signatures([*texts, "   "])
     assert info.value.index == 4
-    assert hasher.signatures([]).shape == (0, 128)
+    assert hasher.signatures([]).shape == (0, hasher.config.num_perm)

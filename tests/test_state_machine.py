@@ -527,11 +527,10 @@ def test_a_second_rebuild_to_more_bands_reopens_an_environment_a_first_one_left_
     environment, opened for 8, had room), then rebuild(bands=32) compared with the limit of
     a 14-band store instead of the environment's own and died of a raw ``DbsFullError``."""
     with Store.open(
-        tmp_path / "s", create=True, num_perm=NUM_PERM, seed=SEED, threshold=0.7
+        tmp_path / "s", create=True, num_perm=NUM_PERM, seed=SEED, threshold=0.7, bands=8, rows=8
     ) as store:
         store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(SIGNATURES)])
-        assert store.banding == LSHParams(8, 8)
-        store.rebuild(threshold=0.5)
+        store.rebuild(threshold=0.5, bands=14, rows=4)
         assert store.banding == LSHParams(14, 4)
         store.rebuild(bands=32, rows=2)
         assert store.banding == LSHParams(32, 2) and store.check().ok

@@ -43,18 +43,19 @@ def _pairs(results: Sequence[Sequence[int]]) -> set[tuple[int, int]]:
 
 def ours(
     docs: Sequence[str],
-    num_perm: int,
+    num_perm: int | None = None,
     exact: bool = False,
-    candidate_threshold: float | None = None,
+    banding: tuple[int, int] | None = None,
 ) -> set[tuple[int, int]]:
-    """Our store: default banding for the threshold, or bands chosen for a lower
-    ``candidate_threshold``; matches verified by signature, or by exact Jaccard."""
-    from neardup_store import Store, choose_params
+    """Our store: the defaults, or the given ``num_perm`` and ``(bands, rows)``; matches
+    verified by signature, or by exact Jaccard."""
+    from neardup_store import Store
 
-    options: dict[str, Any] = {"threshold": THRESHOLD, "num_perm": num_perm}
-    if candidate_threshold is not None:
-        params = choose_params(candidate_threshold, num_perm)
-        options.update(bands=params.bands, rows=params.rows)
+    options: dict[str, Any] = {"threshold": THRESHOLD}
+    if num_perm is not None:
+        options["num_perm"] = num_perm
+    if banding is not None:
+        options.update(bands=banding[0], rows=banding[1])
     source: Callable[[Any], str] | None = (lambda key: docs[int(key)]) if exact else None
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -110,16 +111,33 @@ def run(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """Every system's scores on the same documents and truth."""
+    from neardup_store import MinHashConfig, choose_params
+
     rows: dict[str, Any] = {}
+    default_perm = MinHashConfig().num_perm
+    default = choose_params(THRESHOLD, default_perm)
+    at_128 = choose_params(THRESHOLD, 128)
+    low = choose_params(0.6, default_perm)
     systems: list[tuple[str, Callable[[], set[tuple[int, int]]]]] = [
-        ("ours defaults (num_perm 128, 9x13, signature-verified)", lambda: ours(docs, 128)),
-        ("ours num_perm 256 (signature-verified)", lambda: ours(docs, 256)),
-        ("ours num_perm 128, exact re-verification", lambda: ours(docs, 128, exact=True)),
         (
-            "ours num_perm 256, bands for t=0.6, exact re-verification",
-            lambda: ours(docs, 256, exact=True, candidate_threshold=0.6),
+            f"ours defaults (num_perm {default_perm}, {default.bands}x{default.rows}, "
+            "signature-verified)",
+            lambda: ours(docs),
         ),
-    ]
+        (
+            f"ours num_perm 128 ({at_128.bands}x{at_128.rows} by the default weights, "
+            "signature-verified)",
+            lambda: ours(docs, 128),
+        ),
+        ("ours num_perm 128 (9x13 as datasketch, signature-verified)",
+         lambda: ours(docs, 128, banding=(9, 13))),
+        ("ours defaults, exact re-verification", lambda: ours(docs, exact=True)),
+        (
+            f"ours num_perm {default_perm}, bands for t=0.6 ({low.bands}x{low.rows}), "
+            "exact re-verification",
+            lambda: ours(docs, exact=True, banding=(low.bands, low.rows)),
+        ),
+    ]  # fmt: skip
     for name, build in systems:
         log(f"accuracy: {name}")
         rows[name] = score(build(), truth)
