@@ -1188,6 +1188,7 @@ with Store.open(sys.argv[1]) as store:
     sys.stdin.readline()
     print("adding", flush=True)
     store.add("contested", "the other process's text for this key")
+    print("committed", flush=True)
 """
 
 
@@ -1201,52 +1202,45 @@ def _wait_until_blocked(pid: int, timeout_s: float = 30) -> None:
         steady = steady + 1 if wchan.read_text().startswith("futex") else 0
 
 
-def test_replay_that_diverges_raises_conflict_and_writes_nothing(tmp_path: Path) -> None:
+def test_replay_that_diverges_raises_conflict_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """If another process commits while a transaction is being redone after map growth,
     and that changes an operation's result, the redo is refused instead of changing the
     meaning of what the caller already saw.
 
-    Who takes LMDB's write lock after the abort is up to the scheduler, so each attempt
-    checks the outcome it got (both must be consistent) until the conflict is seen.
+    LMDB's write lock is not fair: left alone, this process often takes it back before
+    the woken one runs. So the growth step, which runs after the abort, waits until the
+    other process says it has committed; the replay then meets its write.
     """
     ours, theirs = "this process's text for the key", "the other process's text for this key"
-    for attempt in range(10):
-        path = tmp_path / f"store-{attempt}"
-        with Store.open(path, create=True) as store:
-            other = _python("-c", HOLD_WRITE, str(path))
-            assert other.stdout is not None and other.stdout.readline().strip() == "opened"
-            writing = store.write()
-            txn = writing.__enter__()
-            assert txn.add("contested", ours) is False
-            assert other.stdin is not None
-            other.stdin.write("go\n")
-            other.stdin.flush()
-            assert other.stdout.readline().strip() == "adding"
-            _wait_until_blocked(other.pid)  # on LMDB's write lock, which this process holds
-            conflict: TransactionConflictError | None = None
-            try:
-                txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
-            except TransactionConflictError as err:
-                conflict = err
-            if conflict is not None:
-                assert "DuplicateKeyError" in str(conflict)
-                # The with block ends with the error: rolled back, and it propagates.
-                assert writing.__exit__(type(conflict), conflict, None) is False
-                _finish(other)
-                assert list(store) == ["contested"]
-                assert store.get("contested").signature.tolist() == (
-                    store.hasher.signature(theirs).tolist()
-                )
-                return
-            # This process won the lock again: the replay matched, so ours commits and
-            # the other process then finds the key taken.
-            writing.__exit__(None, None, None)
-            _, err = other.communicate(timeout=60)
-            assert other.returncode != 0 and "DuplicateKeyError" in err
-            assert store.get("contested").signature.tolist() == (
-                store.hasher.signature(ours).tolist()
-            )
-    pytest.fail("in 10 attempts the other process never committed during a replay")
+    with Store.open(tmp_path / "store", create=True) as store:
+        other = _python("-c", HOLD_WRITE, str(tmp_path / "store"))
+        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
+        grow_and_begin = store._grow_and_begin_write
+
+        def after_the_other_commits() -> lmdb.Transaction:
+            assert other.stdout is not None and other.stdout.readline().strip() == "committed"
+            return grow_and_begin()
+
+        monkeypatch.setattr(store, "_grow_and_begin_write", after_the_other_commits)
+        writing = store.write()
+        txn = writing.__enter__()
+        assert txn.add("contested", ours) is False
+        assert other.stdin is not None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert other.stdout.readline().strip() == "adding"
+        _wait_until_blocked(other.pid)  # on LMDB's write lock, which this process holds
+        with pytest.raises(TransactionConflictError, match="DuplicateKeyError") as conflict:
+            txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
+        # The with block ends with the error: rolled back, and it propagates.
+        assert writing.__exit__(type(conflict.value), conflict.value, None) is False
+        _finish(other)
+        assert list(store) == ["contested"]
+        assert store.get("contested").signature.tolist() == (
+            store.hasher.signature(theirs).tolist()
+        )
 
 
 CREATE = r"""

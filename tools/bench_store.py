@@ -9,8 +9,8 @@ figure here is measured in the same process on the same data as its peer figure:
   scale figures); datasketch ``MinHashLSH.insert`` gets the same signatures.
 * ``queries`` — query by signature (p50/p99, one query per call), by text, and batch
   query throughput; the same signature queries against datasketch.
-* ``remove`` — batched removal (``remove_many``, 1000 per transaction) against
-  ``MinHashLSH.remove``.
+* ``remove`` — batched removal (``remove_many``, 10k per transaction) against
+  ``MinHashLSH.remove``, the same keys spread over the whole store.
 * ``size`` — bytes on disk per document (as ingested and after ``compact``), against
   datasketch's pickle and Redis ``used_memory``.
 * ``end_to_end`` — text → committed store, one process on one core and two processes on
@@ -45,10 +45,17 @@ from corpus import stream_documents
 
 TOOLS = Path(__file__).resolve().parent
 CACHE = TOOLS / "results" / "cache"
+BATCH = 10_000  # documents per write transaction, for ingest and remove alike
 STORE_OPTIONS: dict[str, Any] = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
 """The table's setting (num_perm 128, t = 0.8) with the banding datasketch picks for it, so
 both sides look up the same number of bands; the store's defaults are num_perm 256 with
 more bands (see the accuracy section)."""
+
+
+def removal_keys(count: int) -> list[str]:
+    """The keys the remove figures take out: 2% of the store, at most 20k, spread evenly."""
+    wanted = min(20_000, max(1, count // 50))
+    return [f"d{i}" for i in range(0, count, count // wanted)][:wanted]
 
 
 def percentiles(seconds: Sequence[float]) -> dict[str, float]:
@@ -59,13 +66,14 @@ def percentiles(seconds: Sequence[float]) -> dict[str, float]:
 
 def large_signatures(count: int, seed: int, log: Callable[[str], None]) -> np.ndarray:
     """Signatures of ``count`` streamed documents (1-2 KB each), cached on disk."""
-    from neardup_store import MinHasher
+    from neardup_store import MinHashConfig, MinHasher
 
-    path = CACHE / f"stream-{count}-{seed}.npy"
+    num_perm = STORE_OPTIONS["num_perm"]
+    path = CACHE / f"stream-{count}-{seed}-{num_perm}.npy"
     if path.exists():
         return np.load(path)
-    hasher = MinHasher()
-    out = np.empty((count, 128), dtype=np.uint32)
+    hasher = MinHasher(MinHashConfig(num_perm=num_perm))
+    out = np.empty((count, num_perm), dtype=np.uint32)
     batch: list[str] = []
     done = 0
     started = time.perf_counter()
@@ -126,11 +134,10 @@ def ours_large(
     n = len(sigs)
     path = workdir / "large.ndx"
     result: dict[str, Any] = {"documents": n, "checkpoints": {}}
-    batch = 10_000
     rates: list[tuple[int, float]] = []
     with Store.open(path, create=True, durable=False, **STORE_OPTIONS) as store:
-        for lo in range(0, n, batch):
-            items = [(f"d{i}", sigs[i]) for i in range(lo, min(n, lo + batch))]
+        for lo in range(0, n, BATCH):
+            items = [(f"d{i}", sigs[i]) for i in range(lo, min(n, lo + BATCH))]
             gc.collect()
             start = time.perf_counter()
             store.add_signatures(items, batch_size=None)
@@ -146,8 +153,8 @@ def ours_large(
                     "used_bytes_per_doc": used_bytes(store) / size,
                 }
                 log(f"ours at {size} docs: {result['checkpoints'][size]}")
-        total = sum(len(range(lo, min(n, lo + batch))) for lo in range(0, n, batch))
-        result["ingest_docs_per_s"] = total / sum(batch / r for _, r in rates)
+        total = sum(len(range(lo, min(n, lo + BATCH))) for lo in range(0, n, BATCH))
+        result["ingest_docs_per_s"] = total / sum(BATCH / r for _, r in rates)
         with store.read() as txn:
             matches = sum(len(m) for m in txn.query_many(signatures=queries))
             for _ in range(3):
@@ -169,10 +176,10 @@ def ours_large(
             result["batch_query_text_per_s"] = len(texts) / statistics.median(times)
         result["bytes_per_doc"] = used_bytes(store) / n
         result["file_bytes_per_doc"] = os.path.getsize(path / "data.mdb") / n
-        keys = [f"d{i}" for i in range(0, min(n, 200_000), 20)][:10_000]
+        keys = removal_keys(n)
         start = time.perf_counter()
-        for lo in range(0, len(keys), 1000):
-            store.remove_many(keys[lo : lo + 1000])
+        for lo in range(0, len(keys), BATCH):
+            store.remove_many(keys[lo : lo + BATCH])
         result["remove_per_s"] = len(keys) / (time.perf_counter() - start)
         log("compacting")
         report = store.compact()
@@ -215,7 +222,7 @@ def datasketch_memory(
     log(f"datasketch in memory: {result['insert_per_s']:.0f} inserts/s")
     q = [_Sketch(row) for row in queries.astype(np.uint64)]
     result["query_signature"] = percentiles(time_each(lsh.query, q))
-    keys = [f"d{i}" for i in range(0, min(len(sigs), 200_000), 20)][:10_000]
+    keys = removal_keys(len(sigs))
     start = time.perf_counter()
     for key in keys:
         lsh.remove(key)
