@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,16 +255,29 @@ def encode_record(
     raw_key: bytes, is_str: bool, signature: npt.NDArray[np.uint32], metadata: bytes | None
 ) -> bytes:
     """Encode a document record; ``metadata`` is already packed (:func:`pack_metadata`)."""
-    flags = (_FLAG_STR_KEY if is_str else 0) | (_FLAG_METADATA if metadata is not None else 0)
-    body = b"".join(
-        (
-            _HEADER.pack(RECORD_VERSION, flags, len(signature), len(raw_key)),
-            raw_key,
-            np.ascontiguousarray(signature, dtype="<u4").tobytes(),
-            metadata or b"",
+    return encode_records([raw_key], [is_str], np.asarray(signature)[None, :], [metadata])[0]
+
+
+def encode_records(
+    raw_keys: Sequence[bytes],
+    str_keys: Sequence[bool],
+    signatures: npt.NDArray[np.uint32],
+    metadata: Sequence[bytes | None],
+) -> list[bytes]:
+    """:func:`encode_record` of each row of ``signatures`` (``(n, num_perm)``), whose
+    little-endian bytes are made for the whole batch in one conversion."""
+    signatures = np.ascontiguousarray(signatures, dtype="<u4")
+    num_perm = signatures.shape[1]
+    rows = signatures.view(f"V{4 * num_perm}").ravel().tolist()
+    header, checksum, digest = _HEADER.pack, _CHECKSUM.pack, xxhash.xxh64_intdigest
+    records = []
+    for raw_key, is_str, row, meta in zip(raw_keys, str_keys, rows, metadata, strict=True):
+        flags = (_FLAG_STR_KEY if is_str else 0) | (_FLAG_METADATA if meta is not None else 0)
+        body = b"".join(
+            (header(RECORD_VERSION, flags, num_perm, len(raw_key)), raw_key, row, meta or b"")
         )
-    )
-    return body + _CHECKSUM.pack(xxhash.xxh64_intdigest(body))
+        records.append(body + checksum(digest(body)))
+    return records
 
 
 def _split_record(data: bytes, doc_id: int | None) -> tuple[int, int, bytes, memoryview, bytes]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import lmdb
 import numpy as np
@@ -92,8 +92,7 @@ class UniqueResult:
     matches: list[Match]
 
 
-@dataclass(frozen=True)
-class _Prepared:
+class _Prepared(NamedTuple):
     """A validated document ready to write: nothing here can fail any more."""
 
     key: Key
@@ -103,6 +102,21 @@ class _Prepared:
     band_keys: list[bytes]  # 8 big-endian bytes each
     metadata: bytes | None
     index: bytes  # the ``keys`` table key (codec.key_index)
+
+
+class _PreparedBatch(list[_Prepared]):
+    """Prepared documents, with their signatures and band keys also as whole matrices,
+    ``(n, num_perm)`` and ``(n, bands)``, for the batch writer."""
+
+    def __init__(
+        self,
+        docs: Iterable[_Prepared],
+        signatures: npt.NDArray[np.uint32],
+        keys: npt.NDArray[np.uint64],
+    ) -> None:
+        super().__init__(docs)
+        self.signatures = signatures
+        self.keys = keys
 
 
 class ReadTxn:
@@ -512,10 +526,14 @@ class WriteTxn(ReadTxn):
                 raise
 
     def _allocate_id(self) -> bytes:
+        return codec.encode_id(int(self._allocate_ids(1)[0]))
+
+    def _allocate_ids(self, count: int) -> npt.NDArray[np.uint64]:
+        """The next ``count`` document ids (consecutive, never reused)."""
         if self._next_id is None:
             self._next_id = self._store._read_meta(self.txn, "next_doc_id")
-        doc_id, self._next_id = self._next_id, self._next_id + 1
-        return codec.encode_id(doc_id)
+        first, self._next_id = self._next_id, self._next_id + count
+        return np.arange(first, first + count, dtype=np.uint64)
 
     # -- preparing (validation and signatures; no writes) --------------------------------------
 
@@ -524,19 +542,21 @@ class WriteTxn(ReadTxn):
         items: Sequence[tuple[object, object, object]],
         signatures: npt.NDArray[np.uint32] | None = None,
         encoding: str | None = None,
-    ) -> list[_Prepared]:
+    ) -> _PreparedBatch:
         """Validate keys and metadata and compute signatures and band keys for a batch."""
         checked = [codec.key_bytes(key) for key, _, _ in items]
         metadata = [codec.pack_metadata(meta) for _, _, meta in items]
+        store = self._store
         if signatures is None:
-            signatures = self._store.hasher.signatures([text for _, text, _ in items], encoding)
-        band_rows = self._band_key_rows(signatures) if len(items) else []
-        return [
+            signatures = store.hasher.signatures([text for _, text, _ in items], encoding)
+        keys = band_keys(signatures, store.banding, store.config.seed)
+        docs = (
             _Prepared(key, raw, is_str, sig, row, meta, codec.key_index(raw, is_str))
             for (key, _, _), (raw, is_str), sig, row, meta in zip(
-                items, checked, signatures, band_rows, metadata, strict=True
+                items, checked, signatures, codec.band_key_bytes(keys), metadata, strict=True
             )
-        ]
+        )
+        return _PreparedBatch(docs, signatures, keys)
 
     # -- writing primitives -------------------------------------------------------------------
 
@@ -552,7 +572,7 @@ class WriteTxn(ReadTxn):
                 txn.put(band_key, doc_id, db=store._band_dbs[band], dupdata=True)
             _faults.checkpoint("after-bands")
 
-    def _insert_new(self, docs: Sequence[_Prepared]) -> int:
+    def _insert_new(self, docs: _PreparedBatch) -> int:
         """Insert documents whose keys are known to be new, one sorted multi-put per table.
 
         The same entries as :meth:`_insert` per document, but each table receives its
@@ -562,24 +582,23 @@ class WriteTxn(ReadTxn):
         if not docs:
             return 0
         store, txn = self._store, self.txn
-        ids = [self._allocate_id() for _ in docs]
-        records = [
-            (doc_id, codec.encode_record(doc.raw_key, doc.is_str, doc.signature, doc.metadata))
-            for doc_id, doc in zip(ids, docs, strict=True)
-        ]
-        indexes = sorted((doc.index, doc_id) for doc_id, doc in zip(ids, docs, strict=True))
-        bands = store.banding.bands
-        matrix = np.frombuffer(b"".join(b"".join(doc.band_keys) for doc in docs), dtype=">u8")
-        matrix = matrix.reshape(len(docs), bands)
-        id_values = np.frombuffer(b"".join(ids), dtype=">u8")
+        id_values = self._allocate_ids(len(docs))
+        ids = codec.band_key_bytes(id_values)
+        records = codec.encode_records(
+            [doc.raw_key for doc in docs],
+            [doc.is_str for doc in docs],
+            docs.signatures,
+            [doc.metadata for doc in docs],
+        )
+        indexes = sorted(zip([doc.index for doc in docs], ids, strict=True))
         with self._writing():
             with txn.cursor(db=store._docs_db) as cursor:
-                cursor.putmulti(records, append=True)
+                cursor.putmulti(zip(ids, records, strict=True), append=True)
             with txn.cursor(db=store._keys_db) as cursor:
                 cursor.putmulti(indexes)
             _faults.checkpoint("after-put")
-            for band in range(bands):
-                column = matrix[:, band]
+            for band in range(store.banding.bands):
+                column = docs.keys[:, band]
                 order = np.lexsort((id_values, column))
                 entries = zip(
                     codec.band_key_bytes(column[order]),
@@ -710,14 +729,15 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         batch = [_item(entry) for entry in items]
-        rows = [np.asarray(sig) for _, sig, _ in batch]
-        if len({row.shape for row in rows}) > 1:
+        if not batch:
+            return 0
+        try:
+            stacked = np.array([sig for _, sig, _ in batch])
+        except ValueError:  # numpy refuses rows of different lengths
             raise InvalidParameterError(
                 "signatures", "rows of different shapes", "one shape (num_perm,) for every item"
-            )
-        signatures = self._store._check_signatures(
-            np.stack(rows) if rows else np.empty((0, self._store.config.num_perm), np.uint32)
-        )
+            ) from None
+        signatures = self._store._check_signatures(stacked)
         prepared = self._prepare(batch, signatures)
         if not replace:
             self._check_new_keys(prepared)

@@ -87,6 +87,17 @@ def test_encode_record_with_bytes_key_without_metadata() -> None:
     assert codec.encode_record(b"\x00\xffk", False, as_int64, None) == RECORD_2
 
 
+def test_a_batch_of_records_encodes_each_to_its_pinned_bytes() -> None:
+    """The batch writer's encoder: one conversion for every signature, the same bytes."""
+    records = codec.encode_records(
+        [b"doc-1", b"\x00\xffk"],
+        [True, False],
+        np.stack([SIGNATURE_1, SIGNATURE_2]),
+        [codec.pack_metadata(METADATA_1), None],
+    )
+    assert records == [RECORD_1, RECORD_2]
+
+
 def test_decode_pinned_records() -> None:
     first = codec.decode_record(RECORD_1, doc_id=0)
     assert first.key == "doc-1" and first.metadata == METADATA_1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -1168,7 +1167,7 @@ def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
         writing = store.write()
         txn = writing.__enter__()
         (doc,) = txn._prepare([("half", "a document that will fail", None)])
-        broken = dataclasses.replace(doc, band_keys=[b"", *doc.band_keys[1:]])
+        broken = doc._replace(band_keys=[b"", *doc.band_keys[1:]])
         with pytest.raises(TransactionAbortedError, match="BadValsizeError"):
             txn._run(txn._store_prepared, broken, False)
         with pytest.raises(TransactionAbortedError):
