@@ -125,10 +125,11 @@ def used_bytes(store: Any) -> int:
 
 
 def ours_large(
-    sigs: np.ndarray, queries: np.ndarray, texts: Sequence[str], checkpoint: int,
+    sigs: np.ndarray, queries: np.ndarray, texts: Sequence[str], checkpoints: Sequence[int],
     workdir: Path, log: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
-    """Ingest, query, remove and size figures of our store at ``len(sigs)`` documents."""
+    """Ingest, query, remove and size figures of our store at ``len(sigs)`` documents,
+    with ingest rate, signature query latency and size also at each of ``checkpoints``."""
     from neardup_store import Store
 
     n = len(sigs)
@@ -143,12 +144,13 @@ def ours_large(
             store.add_signatures(items, batch_size=None)
             rates.append((lo + len(items), len(items) / (time.perf_counter() - start)))
             size = lo + len(items)
-            if size in (checkpoint, n):
+            if size in checkpoints or size == n:
                 with store.read() as txn:
                     latency = time_each(lambda q, txn=txn: txn.query(signature=q), queries)
                 window = [r for s, r in rates if s > size // 2]
                 result["checkpoints"][size] = {
                     "ingest_docs_per_s": statistics.median(window),
+                    "ingest_average_docs_per_s": size / sum(BATCH / r for _, r in rates),
                     "query_signature": percentiles(latency),
                     "used_bytes_per_doc": used_bytes(store) / size,
                 }
