@@ -869,7 +869,7 @@ def compact(path: str, dry_run: bool, as_json: bool) -> None:
         neardup-admin compact ./corpus.ndx --dry-run
     """
     with open_store(path, readonly=dry_run) as store:
-        if not dry_run and _show_progress():  # one LMDB copy: no finer progress to show
+        if not dry_run and _show_progress():  # one copy per table: no finer progress yet
             size = (Path(path) / "data.mdb").stat().st_size
             click.echo(f"Compacting {size / 1e6:.1f} MB ...", err=True)
         report = store.compact(dry_run)

@@ -16,12 +16,15 @@ the store, nor while one of its transactions (or a :func:`pairs` iterator) is op
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import heapq
+import itertools
 import os
 import shutil
 import stat
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -166,7 +169,8 @@ class StoreStats:
 @dataclass(frozen=True)
 class CompactReport:
     """Sizes of ``data.mdb`` before and after :func:`compact`; with ``dry_run``, the size
-    after is what compaction would leave (the pages holding data)."""
+    after is the pages holding data now, an upper bound of what compaction leaves (the
+    rewrite also fills pages that removals left partly empty)."""
 
     bytes_before: int
     bytes_after: int
@@ -479,14 +483,15 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
     """Rewrite ``data.mdb`` without free pages, reclaiming the space removals leave.
 
     LMDB never shrinks its file: pages freed by removals are only reused. This writes a
-    compacted copy into a temporary directory inside the store, syncs it, swaps it in
+    compacted copy (every table rewritten in key order, pages filled) into a temporary
+    directory inside the store, syncs it, swaps it in
     with an atomic rename and reopens the environment in this store object. A crash at
     any point leaves either the old file or the new one, both complete (and perhaps a
     ``.compact-*`` scratch directory, which the next writable open of the store deletes).
 
     Args:
-        dry_run: change nothing; report the size compaction would leave (works on a
-            read-only store and while others use it).
+        dry_run: change nothing; report the pages the tables use now, an upper bound of
+            the size compaction leaves (works on a read-only store and while others use it).
 
     Raises:
         ReadOnlyError: the store is open read-only.
@@ -553,14 +558,82 @@ def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
 
 
 def _copy(store: Store, target: Path, txn: lmdb.Transaction | None = None) -> None:
-    """LMDB's compacting copy, with a full disk typed like any write (StoreFullError)."""
+    """A compacted copy of every table of ``txn``'s snapshot (a new one if ``None``) in a
+    new environment at ``target``, with a full disk typed like any write (StoreFullError).
+
+    Each table is read in key order and appended to its copy, so pages come out full and
+    free pages stay behind. LMDB's own compacting copy (``Environment.copy(compact=True)``)
+    is not used: in py-lmdb 3.0.0 it dereferences a null pointer, killing the process,
+    as soon as a table holds a sub-database of fixed-size duplicates, i.e. a band bucket
+    of a few hundred documents (``tests/test_maintenance.py`` has the case).
+    """
+    env = store._require_env()
+    copy = None
     try:
-        store._require_env().copy(str(target), compact=True, txn=txn)
+        with contextlib.ExitStack() as stack:
+            if txn is None:
+                txn = stack.enter_context(env.begin())
+            copy = lmdb.open(
+                str(target), map_size=int(env.info()["map_size"]), max_dbs=_max_dbs(
+                    store.banding.bands), subdir=True, sync=False, metasync=False,
+                lock=False, writemap=False, meminit=False,
+            )  # fmt: skip
+            _copy_tables(env, txn, copy)
+            copy.sync(True)
     except lmdb.Error as err:
         typed = store._translate(err)
         if typed is err:
             raise
         raise typed from err
+    finally:
+        if copy is not None:
+            copy.close()
+
+
+_COPY_CHUNK = 200_000  # entries per write transaction of a table copy
+
+# The persistent flags of an LMDB table (``MDB_db.md_flags``) as ``open_db`` arguments.
+_TABLE_FLAGS = {
+    0x02: "reverse_key", 0x04: "dupsort", 0x08: "integerkey", 0x10: "dupfixed",
+    0x20: "integerdup",
+}  # fmt: skip
+
+
+def _named_tables(txn: lmdb.Transaction) -> list[tuple[bytes, dict[str, bool]]]:
+    """Every named table of the environment and its flags, read from the main table."""
+    tables = []
+    with txn.cursor() as cursor:
+        for name, record in cursor:
+            (flags,) = struct.unpack_from("<H", record, 4)  # MDB_db: md_pad u32, md_flags u16
+            tables.append(
+                (bytes(name), {arg: bool(flags & bit) for bit, arg in _TABLE_FLAGS.items()})
+            )
+    return tables
+
+
+def _copy_tables(env: lmdb.Environment, txn: lmdb.Transaction, copy: lmdb.Environment) -> None:
+    """Append every entry of every table to ``copy`` in key order, committing every
+    ``_COPY_CHUNK`` entries (a small store is copied in one transaction, so its copy
+    has no free pages at all)."""
+    tables = _named_tables(txn)
+    out = copy.begin(write=True)
+    try:
+        targets = [copy.open_db(name, txn=out, create=True, **flags) for name, flags in tables]
+        room = _COPY_CHUNK
+        for (name, flags), target in zip(tables, targets, strict=True):
+            with txn.cursor(db=env.open_db(name, txn=txn, create=False, **flags)) as reading:
+                entries = iter(reading)
+                while chunk := list(itertools.islice(entries, room)):
+                    with out.cursor(db=target) as cursor:
+                        cursor.putmulti(chunk, dupdata=True, append=True)
+                    room -= len(chunk)
+                    if not room:
+                        out.commit()
+                        out, room = copy.begin(write=True), _COPY_CHUNK
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
 
 
 # -- rebuild ------------------------------------------------------------------------------------

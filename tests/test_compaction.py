@@ -156,7 +156,7 @@ def test_compact_keeps_answers_and_dump_and_shrinks_the_file(
         assert store.check().ok
         assert store.stats().free_pages < before["free"]
     assert report.bytes_before == before["bytes"]
-    assert report.bytes_after == data_bytes(store_path) == estimate.bytes_after
+    assert report.bytes_after == data_bytes(store_path) <= estimate.bytes_after
     assert report.bytes_after < 0.25 * report.bytes_before  # 90% of the documents went
     assert logical_dump(store_path) == before["dump"]
     assert leftovers(store_path) == []

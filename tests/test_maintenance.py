@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +17,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from harness import LineDrivenProcess
+from harness import LineDrivenProcess, raw_dump
 
 from neardup_store import codec, integrity, maintenance
 from neardup_store.clusters import duplicate_groups, verified_pairs
@@ -391,7 +393,7 @@ def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCor
     report = store.compact()
 
     assert estimate.dry_run and estimate.bytes_before == report.bytes_before
-    assert estimate.bytes_after == report.bytes_after
+    assert report.bytes_after <= estimate.bytes_after  # the estimate is an upper bound
 
     assert report.bytes_after < 0.7 * report.bytes_before
     assert report.bytes_after == (store.path / "data.mdb").stat().st_size
@@ -405,6 +407,37 @@ def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCor
     store.close()
     with Store.open(store.path) as reopened:
         assert _answers(reopened, corpus) == before_answers and "after-compact" in reopened
+
+
+_COMPACT_AND_BACK_UP = """
+import sys
+from neardup_store.store import Store
+with Store.open(sys.argv[1]) as store:
+    store.backup(sys.argv[2])
+    store.compact()
+"""
+
+
+def test_compact_and_backup_copy_a_band_bucket_of_many_documents(tmp_path: Path) -> None:
+    """A bucket this large is a sub-database of fixed-size duplicates in every band table:
+    the case where LMDB's own compacting copy (py-lmdb 3.0.0) dereferences a null pointer
+    and kills the process. Run in a child, so that such a crash fails only this test."""
+    path, backup = tmp_path / "store", tmp_path / "backup"
+    same = np.arange(32, dtype=np.uint32)
+    with Store.open(path, create=True, num_perm=32, bands=4, rows=8) as store:
+        store.add_signatures([(f"copy-{i}", same) for i in range(2000)])
+        store.add("other", "a document of its own")
+    before = raw_dump(path)
+    child = subprocess.run(
+        [sys.executable, "-c", _COMPACT_AND_BACK_UP, str(path), str(backup)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    assert raw_dump(path) == before == raw_dump(backup)
+    for copy in (path, backup):
+        with Store.open(copy) as store:
+            assert store.check().ok
+            assert len(store.query(signature=same)) == 2000
 
 
 def test_compact_and_rebuild_refuse_a_read_only_store(store: Store) -> None:
