@@ -1,0 +1,136 @@
+"""Profiles behind the store figures of ``tools/README.md`` (cProfile, one process).
+
+    python tools/profile_store.py ingest --documents 1000000
+    python tools/profile_store.py remove --documents 400000
+    python tools/profile_store.py query --documents 1000000
+    python tools/profile_store.py size --documents 200000
+
+Each builds a store of random signatures (num_perm 128, 9 x 13 bands, as the benchmark's
+store), 10k documents per transaction with ``durable=False``, in a temporary directory:
+
+* ``ingest`` profiles five more 10k-document transactions at that size;
+* ``remove`` profiles ``remove_many`` of 2% of the store in 10k batches;
+* ``query`` times single signature queries (2000 fresh random signatures: the path of a
+  query without matches) in three passes, with the minor page faults of each pass (first
+  touches of the map's pages), then profiles one more pass;
+* ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
+  which also holds the free pages copy-on-write leaves.
+
+Pin it to an idle core (``taskset -c 1``) and compare runs made minutes apart only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from neardup_store import Store
+
+BATCH = 10_000
+OPTIONS = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
+
+
+def build(path: Path, documents: int, rng: np.random.Generator) -> Store:
+    store = Store.open(path, create=True, durable=False, **OPTIONS)
+    for lo in range(0, documents, BATCH):
+        add_batch(store, lo, rng)
+    return store
+
+
+def add_batch(store: Store, lo: int, rng: np.random.Generator) -> None:
+    sigs = rng.integers(0, 2**32, size=(BATCH, 128), dtype=np.uint32)
+    store.add_signatures([(f"d{lo + i}", sig) for i, sig in enumerate(sigs)], batch_size=None)
+
+
+def profiled(run: Callable[[], object], lines: int = 15) -> float:
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.runcall(run)
+    seconds = time.perf_counter() - start
+    pstats.Stats(profile).sort_stats("tottime").print_stats(lines)
+    return seconds
+
+
+def ingest(store: Store, documents: int, rng: np.random.Generator) -> None:
+    def five() -> None:
+        for lo in range(documents, documents + 5 * BATCH, BATCH):
+            add_batch(store, lo, rng)
+
+    seconds = profiled(five)
+    print(f"{5 * BATCH / seconds:.0f} docs/s under the profiler at {documents} documents")
+
+
+def remove(store: Store, documents: int, rng: np.random.Generator) -> None:
+    keys = [f"d{i}" for i in rng.permutation(documents)[: documents // 50]]
+
+    def batches() -> None:
+        for lo in range(0, len(keys), BATCH):
+            store.remove_many(keys[lo : lo + BATCH])
+
+    seconds = profiled(batches)
+    print(f"{len(keys) / seconds:.0f} removals/s under the profiler at {documents} documents")
+
+
+def query(store: Store, documents: int, rng: np.random.Generator) -> None:
+    queries = rng.integers(0, 2**32, size=(2000, 128), dtype=np.uint32)
+    with store.read() as txn:
+        for attempt in range(3):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            times = []
+            for sig in queries:
+                start = time.perf_counter()
+                txn.query(signature=sig)
+                times.append(time.perf_counter() - start)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            p50, p99 = np.percentile(times, [50, 99]) * 1e6
+            print(f"pass {attempt + 1}: p50 {p50:.1f} µs, p99 {p99:.1f} µs, "
+                  f"{faults / len(queries):.2f} minor faults per query")  # fmt: skip
+        profiled(lambda: [txn.query(signature=sig) for sig in queries])
+
+
+def size(store: Store, documents: int, rng: np.random.Generator) -> None:
+    env = store._require_env()
+    tables = {"docs": store._docs_db, "keys": store._keys_db}
+    tables.update({f"band {i}": db for i, db in enumerate(store._band_dbs)})
+    total = 0
+    with store.read() as reader:
+        for name, db in tables.items():
+            stat = reader.txn.stat(db)
+            pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+            total += pages
+            print(f"{name:8} {pages * 4096 / documents:7.1f} B/doc")
+    used = (int(env.info()["last_pgno"]) + 1) * 4096
+    print(f"tables   {total * 4096 / documents:7.1f} B/doc; file up to the last page "
+          f"{used / documents:.1f} B/doc")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["ingest", "remove", "query", "size"])
+    parser.add_argument("--documents", type=int, default=200_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    documents = args.documents - args.documents % BATCH
+    rng = np.random.default_rng(args.seed)
+    run = {"ingest": ingest, "remove": remove, "query": query, "size": size}[args.what]
+    with (
+        tempfile.TemporaryDirectory(prefix="neardup-profile-") as scratch,
+        build(Path(scratch) / "store", documents, rng) as store,
+    ):
+        run(store, documents, rng)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
