@@ -869,10 +869,11 @@ def compact(path: str, dry_run: bool, as_json: bool) -> None:
         neardup-admin compact ./corpus.ndx --dry-run
     """
     with open_store(path, readonly=dry_run) as store:
-        if not dry_run and _show_progress():  # one copy per table: no finer progress yet
-            size = (Path(path) / "data.mdb").stat().st_size
-            click.echo(f"Compacting {size / 1e6:.1f} MB ...", err=True)
-        report = store.compact(dry_run)
+        if dry_run:
+            report = store.compact(dry_run=True)
+        else:
+            with _doc_progress("Compacting", len(store)) as progress:
+                report = store.compact(progress=progress)
     render.render_compact(report, as_json)
 
 
@@ -982,8 +983,8 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     Example:
         neardup-admin backup ./corpus.ndx /backups/corpus-2024-06-01.ndx
     """
-    with open_store(path, readonly=True) as store:
-        report = store.backup(dest)
+    with open_store(path, readonly=True) as store, _doc_progress("Copying", len(store)) as progress:
+        report = store.backup(dest, progress)
     render.render_backup(report, as_json)
 
 

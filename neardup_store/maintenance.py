@@ -479,7 +479,9 @@ def _fsync(path: Path) -> None:
 # -- compaction and backup ----------------------------------------------------------------------
 
 
-def compact(store: Store, dry_run: bool = False) -> CompactReport:
+def compact(
+    store: Store, dry_run: bool = False, progress: Callable[[int], None] | None = None
+) -> CompactReport:
     """Rewrite ``data.mdb`` without free pages, reclaiming the space removals leave.
 
     LMDB never shrinks its file: pages freed by removals are only reused. This writes a
@@ -492,6 +494,7 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
     Args:
         dry_run: change nothing; report the pages the tables use now, an upper bound of
             the size compaction leaves (works on a read-only store and while others use it).
+        progress: called now and then with how far the copy is, in documents.
 
     Raises:
         ReadOnlyError: the store is open read-only.
@@ -517,7 +520,7 @@ def compact(store: Store, dry_run: bool = False) -> CompactReport:
             _fsync(store.path)  # make the rename itself durable
 
         try:
-            _copy(store, scratch)
+            _copy(store, scratch, progress=progress)
             _keep_mode(data, scratch / "data.mdb")
             _fsync(scratch / "data.mdb")
             _reopen(store, _max_dbs(store.banding.bands), swap)
@@ -532,7 +535,9 @@ def _keep_mode(original: Path, copy: Path) -> None:
     os.chmod(copy, stat.S_IMODE(original.stat().st_mode))
 
 
-def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
+def backup(
+    store: Store, path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
+) -> BackupReport:
     """Write a consistent, compacted copy of the store to ``path`` while it stays in use.
 
     The copy is taken from one snapshot, so it holds exactly the commits before the call
@@ -548,7 +553,7 @@ def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
     with store.read() as reader:
         documents = len(reader)
         try:
-            _copy(store, target, reader.txn)
+            _copy(store, target, reader.txn, progress)
         except BaseException:
             (target / "data.mdb").unlink(missing_ok=True)  # a retry must find it empty
             raise
@@ -557,9 +562,15 @@ def backup(store: Store, path: str | os.PathLike[str]) -> BackupReport:
     return BackupReport(str(target), documents, (target / "data.mdb").stat().st_size)
 
 
-def _copy(store: Store, target: Path, txn: lmdb.Transaction | None = None) -> None:
+def _copy(
+    store: Store,
+    target: Path,
+    txn: lmdb.Transaction | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> None:
     """A compacted copy of every table of ``txn``'s snapshot (a new one if ``None``) in a
-    new environment at ``target``, with a full disk typed like any write (StoreFullError).
+    new environment at ``target``, with a full disk typed like any write (StoreFullError);
+    ``progress`` gets the share copied so far, scaled to the number of documents.
 
     Each table is read in key order and appended to its copy, so pages come out full and
     free pages stay behind. LMDB's own compacting copy (``Environment.copy(compact=True)``)
@@ -578,7 +589,7 @@ def _copy(store: Store, target: Path, txn: lmdb.Transaction | None = None) -> No
                     store.banding.bands), subdir=True, sync=False, metasync=False,
                 lock=False, writemap=False, meminit=False,
             )  # fmt: skip
-            _copy_tables(env, txn, copy)
+            _copy_tables(env, txn, copy, progress or (lambda done: None))
             copy.sync(True)
     except lmdb.Error as err:
         typed = store._translate(err)
@@ -611,21 +622,32 @@ def _named_tables(txn: lmdb.Transaction) -> list[tuple[bytes, dict[str, bool]]]:
     return tables
 
 
-def _copy_tables(env: lmdb.Environment, txn: lmdb.Transaction, copy: lmdb.Environment) -> None:
+def _copy_tables(
+    env: lmdb.Environment,
+    txn: lmdb.Transaction,
+    copy: lmdb.Environment,
+    progress: Callable[[int], None],
+) -> None:
     """Append every entry of every table to ``copy`` in key order, committing every
     ``_COPY_CHUNK`` entries (a small store is copied in one transaction, so its copy
     has no free pages at all)."""
-    tables = _named_tables(txn)
+    tables = [(name, flags, env.open_db(name, txn=txn, create=False, **flags))
+              for name, flags in _named_tables(txn)]  # fmt: skip
+    total = max(1, sum(int(txn.stat(db)["entries"]) for _, _, db in tables))
+    documents = int(txn.stat(env.open_db(codec.DOCS_DB, txn=txn, create=False))["entries"])
+    copied = 0
     out = copy.begin(write=True)
     try:
-        targets = [copy.open_db(name, txn=out, create=True, **flags) for name, flags in tables]
+        targets = [copy.open_db(name, txn=out, create=True, **flags) for name, flags, _ in tables]
         room = _COPY_CHUNK
-        for (name, flags), target in zip(tables, targets, strict=True):
-            with txn.cursor(db=env.open_db(name, txn=txn, create=False, **flags)) as reading:
+        for (_, _, source), target in zip(tables, targets, strict=True):
+            with txn.cursor(db=source) as reading:
                 entries = iter(reading)
                 while chunk := list(itertools.islice(entries, room)):
                     with out.cursor(db=target) as cursor:
                         cursor.putmulti(chunk, dupdata=True, append=True)
+                    copied += len(chunk)
+                    progress(documents * copied // total)
                     room -= len(chunk)
                     if not room:
                         out.commit()

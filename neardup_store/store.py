@@ -854,11 +854,13 @@ class Store:
 
         return maintenance.check(self, repair)
 
-    def compact(self, dry_run: bool = False) -> maintenance.CompactReport:
+    def compact(
+        self, dry_run: bool = False, progress: Callable[[int], None] | None = None
+    ) -> maintenance.CompactReport:
         """See :func:`maintenance.compact`."""
         from . import maintenance
 
-        return maintenance.compact(self, dry_run)
+        return maintenance.compact(self, dry_run, progress)
 
     def rebuild(
         self,
@@ -884,11 +886,13 @@ class Store:
 
         return maintenance.import_(self, stream, **options)
 
-    def backup(self, path: str | os.PathLike[str]) -> maintenance.BackupReport:
+    def backup(
+        self, path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
+    ) -> maintenance.BackupReport:
         """See :func:`maintenance.backup`."""
         from . import maintenance
 
-        return maintenance.backup(self, path)
+        return maintenance.backup(self, path, progress)
 
     @classmethod
     def create_from_export(

@@ -390,8 +390,10 @@ def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCor
     free_before = store.stats().free_pages
     estimate = store.compact(dry_run=True)
 
-    report = store.compact()
+    seen: list[int] = []
+    report = store.compact(progress=seen.append)
 
+    assert seen == sorted(seen) and seen[-1] == len(store)  # in documents, up to all of them
     assert estimate.dry_run and estimate.bytes_before == report.bytes_before
     assert report.bytes_after <= estimate.bytes_after  # the estimate is an upper bound
 
