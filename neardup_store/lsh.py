@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from .errors import InvalidParameterError
 from .hashing import U64, derive_keys, fmix64
+from .minhash import DEFAULT_NUM_PERM
 
 _ROW_MULT = U64(0x9FB21C651E98DF25)
 _S29 = U64(29)
@@ -152,7 +153,7 @@ def _areas(
 
 def choose_params(
     threshold: float,
-    num_perm: int = 256,
+    num_perm: int = DEFAULT_NUM_PERM,
     false_positive_weight: float = 0.05,
     false_negative_weight: float = 0.95,
     use_all: bool = False,

@@ -486,8 +486,8 @@ def compact(
 
     LMDB never shrinks its file: pages freed by removals are only reused. This writes a
     compacted copy (every table rewritten in key order, pages filled) into a temporary
-    directory inside the store, syncs it, swaps it in
-    with an atomic rename and reopens the environment in this store object. A crash at
+    directory inside the store, syncs it, swaps it in with an atomic rename and reopens
+    the environment in this store object. A crash at
     any point leaves either the old file or the new one, both complete (and perhaps a
     ``.compact-*`` scratch directory, which the next writable open of the store deletes).
 
@@ -585,10 +585,13 @@ def _copy(
             if txn is None:
                 txn = stack.enter_context(env.begin())
             copy = lmdb.open(
-                str(target), map_size=int(env.info()["map_size"]), max_dbs=_max_dbs(
-                    store.banding.bands), subdir=True, sync=False, metasync=False,
-                lock=False, writemap=False, meminit=False,
-            )  # fmt: skip
+                str(target),
+                map_size=int(env.info()["map_size"]),
+                max_dbs=_max_dbs(store.banding.bands),
+                sync=False,  # synced once at the end
+                lock=False,  # a private scratch directory
+                meminit=False,
+            )
             _copy_tables(env, txn, copy, progress or (lambda done: None))
             copy.sync(True)
     except lmdb.Error as err:

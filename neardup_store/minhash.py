@@ -43,7 +43,7 @@ DEFAULT_NUM_PERM = 256
 """256 rather than the usual 128: one-permutation hashing makes the extra values nearly
 free to compute, and they halve the variance of the estimate that verifies a candidate,
 which is what lets the defaults reach recall and precision of 0.95 at t = 0.8 (see the
-README's "Choosing the threshold")."""
+README's "Choosing threshold and num_perm")."""
 
 _CHUNK_CHARACTERS = 1 << 20  # texts per internal batch: big enough to amortise, small
 # enough that the batch's arrays stay in cache (larger batches measured slower)

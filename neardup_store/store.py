@@ -65,7 +65,7 @@ from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
 from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
 from .text import ShingleConfig
-from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn, _item
+from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn, document_item
 
 if TYPE_CHECKING:
     from . import maintenance  # imported when called: it builds on this module
@@ -763,7 +763,7 @@ class Store:
     def _signed(self, batch: list[Any], encoding: str | None) -> list[tuple[Any, Any, Any]]:
         """``(key, text[, metadata])`` items as ``(key, signature, metadata)``."""
         self._check_writable()
-        entries = [_item(entry) for entry in batch]
+        entries = [document_item(entry) for entry in batch]
         for key, _, meta in entries:  # the same first complaint as WriteTxn.add_many
             codec.key_bytes(key)
             codec.pack_metadata(meta)

@@ -707,7 +707,7 @@ class WriteTxn(ReadTxn):
         Every item is validated before anything is written. Returns the number added.
         """
         self._store._check_writable()
-        batch = [_item(entry) for entry in items]
+        batch = [document_item(entry) for entry in items]
         prepared = self._prepare(batch, encoding=encoding)
         if not replace:
             self._check_new_keys(prepared)
@@ -728,7 +728,7 @@ class WriteTxn(ReadTxn):
         Every item is validated before anything is written. Returns the number added.
         """
         self._store._check_writable()
-        batch = [_item(entry) for entry in items]
+        batch = [document_item(entry) for entry in items]
         if not batch:
             return 0
         try:
@@ -844,7 +844,7 @@ class WriteTxn(ReadTxn):
         earlier item of the same batch is not added (the earlier one is its match)."""
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
-        prepared = self._prepare([_item(entry) for entry in items], encoding=encoding)
+        prepared = self._prepare([document_item(entry) for entry in items], encoding=encoding)
         self._check_new_keys(prepared)
         return [self._run(self._add_unique, doc, threshold) for doc in prepared]
 
@@ -871,7 +871,8 @@ class _Poisoner:
             raise (typed if typed is not error else TransactionAbortedError(cause)) from error
 
 
-def _item(entry: object) -> tuple[object, object, object]:
+def document_item(entry: object) -> tuple[object, object, object]:
+    """``(key, document)`` or ``(key, document, metadata)`` as a triple (metadata ``None``)."""
     if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
         raise InvalidParameterError("item", entry, "a (key, text) or (key, text, metadata) tuple")
     return (entry[0], entry[1], entry[2] if len(entry) == 3 else None)
