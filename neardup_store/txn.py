@@ -104,19 +104,32 @@ class _Prepared(NamedTuple):
     index: bytes  # the ``keys`` table key (codec.key_index)
 
 
-class _PreparedBatch(list[_Prepared]):
-    """Prepared documents, with their signatures and band keys also as whole matrices,
-    ``(n, num_perm)`` and ``(n, bands)``, for the batch writer."""
+@dataclass(frozen=True, eq=False)
+class _PreparedBatch:
+    """A validated batch, column by column (nothing here can fail any more): the batch
+    writer takes the columns whole, the one-at-a-time paths take :meth:`docs`."""
 
-    def __init__(
-        self,
-        docs: Iterable[_Prepared],
-        signatures: npt.NDArray[np.uint32],
-        keys: npt.NDArray[np.uint64],
-    ) -> None:
-        super().__init__(docs)
-        self.signatures = signatures
-        self.keys = keys
+    keys: list[Key]
+    raw_keys: list[bytes]
+    str_keys: list[bool]
+    indexes: list[bytes]  # the ``keys`` table keys (codec.key_index)
+    metadata: list[bytes | None]
+    signatures: npt.NDArray[np.uint32]  # (n, num_perm)
+    band_keys: npt.NDArray[np.uint64]  # (n, bands)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def docs(self) -> list[_Prepared]:
+        """One :class:`_Prepared` per document."""
+        columns = (self.keys, self.raw_keys, self.str_keys, self.signatures)
+        rows = codec.band_key_bytes(self.band_keys)
+        return [
+            _Prepared(*fields, row, meta, index)
+            for *fields, row, meta, index in zip(
+                *columns, rows, self.metadata, self.indexes, strict=True
+            )
+        ]
 
 
 class ReadTxn:
@@ -549,14 +562,15 @@ class WriteTxn(ReadTxn):
         store = self._store
         if signatures is None:
             signatures = store.hasher.signatures([text for _, text, _ in items], encoding)
-        keys = band_keys(signatures, store.banding, store.config.seed)
-        docs = (
-            _Prepared(key, raw, is_str, sig, row, meta, codec.key_index(raw, is_str))
-            for (key, _, _), (raw, is_str), sig, row, meta in zip(
-                items, checked, signatures, codec.band_key_bytes(keys), metadata, strict=True
-            )
+        return _PreparedBatch(
+            keys=[key for key, _, _ in items],
+            raw_keys=[raw for raw, _ in checked],
+            str_keys=[is_str for _, is_str in checked],
+            indexes=[codec.key_index(raw, is_str) for raw, is_str in checked],
+            metadata=metadata,
+            signatures=signatures,
+            band_keys=band_keys(signatures, store.banding, store.config.seed),
         )
-        return _PreparedBatch(docs, signatures, keys)
 
     # -- writing primitives -------------------------------------------------------------------
 
@@ -584,13 +598,8 @@ class WriteTxn(ReadTxn):
         store, txn = self._store, self.txn
         id_values = self._allocate_ids(len(docs))
         ids = codec.band_key_bytes(id_values)
-        records = codec.encode_records(
-            [doc.raw_key for doc in docs],
-            [doc.is_str for doc in docs],
-            docs.signatures,
-            [doc.metadata for doc in docs],
-        )
-        indexes = sorted(zip([doc.index for doc in docs], ids, strict=True))
+        records = codec.encode_records(docs.raw_keys, docs.str_keys, docs.signatures, docs.metadata)
+        indexes = sorted(zip(docs.indexes, ids, strict=True))
         with self._writing():
             with txn.cursor(db=store._docs_db) as cursor:
                 cursor.putmulti(zip(ids, records, strict=True), append=True)
@@ -598,7 +607,7 @@ class WriteTxn(ReadTxn):
                 cursor.putmulti(indexes)
             _faults.checkpoint("after-put")
             for band in range(store.banding.bands):
-                column = docs.keys[:, band]
+                column = docs.band_keys[:, band]
                 order = np.lexsort((id_values, column))
                 entries = zip(
                     codec.band_key_bytes(column[order]),
@@ -692,7 +701,7 @@ class WriteTxn(ReadTxn):
                 "document/signature", "both or neither", "exactly one of text or signature="
             )
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
-        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding)
+        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding).docs()
         return bool(self._run(self._store_prepared, doc, replace))
 
     def add_many(
@@ -712,7 +721,7 @@ class WriteTxn(ReadTxn):
         if not replace:
             self._check_new_keys(prepared)
             return int(self._run(self._insert_new, prepared))
-        for doc in prepared:
+        for doc in prepared.docs():
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
 
@@ -742,22 +751,26 @@ class WriteTxn(ReadTxn):
         if not replace:
             self._check_new_keys(prepared)
             return int(self._run(self._insert_new, prepared))
-        for doc in prepared:
+        for doc in prepared.docs():
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
 
-    def _check_new_keys(self, prepared: Sequence[_Prepared]) -> None:
+    def _check_new_keys(self, batch: _PreparedBatch) -> None:
         """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
-        seen: set[bytes] = set()
-        for doc in prepared:
-            if doc.index in seen:
-                raise DuplicateKeyError(doc.key, in_batch=True)
-            seen.add(doc.index)
+        seen = set(batch.indexes)
+        if len(seen) < len(batch):
+            seen.clear()
+            for key, index in zip(batch.keys, batch.indexes, strict=True):
+                if index in seen:
+                    raise DuplicateKeyError(key, in_batch=True)
+                seen.add(index)
         # One sorted multi-get for the whole batch instead of a lookup per key.
         with self.txn.cursor(db=self._store._keys_db) as cursor:
             stored = {bytes(index) for index, _ in cursor.getmulti(sorted(seen))}
         if stored:
-            raise DuplicateKeyError(next(doc.key for doc in prepared if doc.index in stored))
+            raise DuplicateKeyError(
+                next(k for k, i in zip(batch.keys, batch.indexes, strict=True) if i in stored)
+            )
 
     def _remove_one(self, key: Key, missing_ok: bool) -> bool:
         found = self._lookup(key)
@@ -829,7 +842,7 @@ class WriteTxn(ReadTxn):
             )
         threshold = self._store._check_threshold(threshold)
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
-        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding)
+        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding).docs()
         result: UniqueResult = self._run(self._add_unique, doc, threshold)
         return result
 
@@ -846,7 +859,7 @@ class WriteTxn(ReadTxn):
         threshold = self._store._check_threshold(threshold)
         prepared = self._prepare([document_item(entry) for entry in items], encoding=encoding)
         self._check_new_keys(prepared)
-        return [self._run(self._add_unique, doc, threshold) for doc in prepared]
+        return [self._run(self._add_unique, doc, threshold) for doc in prepared.docs()]
 
 
 class _Poisoner:

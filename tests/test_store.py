@@ -1166,7 +1166,7 @@ def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
         store.add("before", "a document committed earlier")
         writing = store.write()
         txn = writing.__enter__()
-        (doc,) = txn._prepare([("half", "a document that will fail", None)])
+        (doc,) = txn._prepare([("half", "a document that will fail", None)]).docs()
         broken = doc._replace(band_keys=[b"", *doc.band_keys[1:]])
         with pytest.raises(TransactionAbortedError, match="BadValsizeError"):
             txn._run(txn._store_prepared, broken, False)
