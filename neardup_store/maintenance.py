@@ -592,7 +592,8 @@ def _copy(
                 lock=False,  # a private scratch directory
                 meminit=False,
             )
-            _copy_tables(env, txn, copy, progress or (lambda done: None))
+            documents = int(txn.stat(store._docs_db)["entries"])
+            _copy_tables(env, txn, copy, documents, progress or (lambda done: None))
             copy.sync(True)
     except lmdb.Error as err:
         typed = store._translate(err)
@@ -629,15 +630,15 @@ def _copy_tables(
     env: lmdb.Environment,
     txn: lmdb.Transaction,
     copy: lmdb.Environment,
+    documents: int,
     progress: Callable[[int], None],
 ) -> None:
     """Append every entry of every table to ``copy`` in key order, committing every
     ``_COPY_CHUNK`` entries (a small store is copied in one transaction, so its copy
-    has no free pages at all)."""
+    has no free pages at all); ``progress`` gets the share done, scaled to ``documents``."""
     tables = [(name, flags, env.open_db(name, txn=txn, create=False, **flags))
               for name, flags in _named_tables(txn)]  # fmt: skip
     total = max(1, sum(int(txn.stat(db)["entries"]) for _, _, db in tables))
-    documents = int(txn.stat(env.open_db(codec.DOCS_DB, txn=txn, create=False))["entries"])
     copied = 0
     out = copy.begin(write=True)
     try:

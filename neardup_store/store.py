@@ -65,7 +65,16 @@ from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
 from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
 from .text import ShingleConfig
-from .txn import Document, Key, Match, ReadTxn, UniqueResult, WriteTxn, document_item
+from .txn import (
+    Document,
+    Key,
+    Match,
+    ReadTxn,
+    UniqueResult,
+    WriteTxn,
+    document_item,
+    prepare_batch,
+)
 
 if TYPE_CHECKING:
     from . import maintenance  # imported when called: it builds on this module
@@ -756,19 +765,14 @@ class Store:
         return self._in_batches(
             items,
             batch_size,
-            lambda txn, batch: txn.add_signatures(batch),
-            prepare=lambda batch: self._signed(batch, encoding),
+            lambda txn, batch: txn._add_prepared(batch),
+            prepare=lambda batch: self._prepared(batch, encoding),
         )
 
-    def _signed(self, batch: list[Any], encoding: str | None) -> list[tuple[Any, Any, Any]]:
-        """``(key, text[, metadata])`` items as ``(key, signature, metadata)``."""
+    def _prepared(self, batch: list[Any], encoding: str | None) -> Any:
+        """``(key, text[, metadata])`` items validated, signed and banded (no transaction)."""
         self._check_writable()
-        entries = [document_item(entry) for entry in batch]
-        for key, _, meta in entries:  # the same first complaint as WriteTxn.add_many
-            codec.key_bytes(key)
-            codec.pack_metadata(meta)
-        signatures = self.hasher.signatures([text for _, text, _ in entries], encoding)
-        return [(key, sig, meta) for (key, _, meta), sig in zip(entries, signatures, strict=True)]
+        return prepare_batch(self, [document_item(entry) for entry in batch], encoding=encoding)
 
     def add_signatures(
         self,
@@ -786,8 +790,8 @@ class Store:
         self,
         items: Iterable[Any],
         batch_size: int | None,
-        add: Callable[[WriteTxn, list[Any]], int],
-        prepare: Callable[[list[Any]], list[Any]] | None = None,
+        add: Callable[[WriteTxn, Any], int],
+        prepare: Callable[[list[Any]], Any] | None = None,
     ) -> int:
         """Run ``add`` on consecutive batches, one write transaction each; sum the counts.
         ``prepare`` turns a batch into what ``add`` takes, before the transaction begins."""

@@ -556,21 +556,14 @@ class WriteTxn(ReadTxn):
         signatures: npt.NDArray[np.uint32] | None = None,
         encoding: str | None = None,
     ) -> _PreparedBatch:
-        """Validate keys and metadata and compute signatures and band keys for a batch."""
-        checked = [codec.key_bytes(key) for key, _, _ in items]
-        metadata = [codec.pack_metadata(meta) for _, _, meta in items]
-        store = self._store
-        if signatures is None:
-            signatures = store.hasher.signatures([text for _, text, _ in items], encoding)
-        return _PreparedBatch(
-            keys=[key for key, _, _ in items],
-            raw_keys=[raw for raw, _ in checked],
-            str_keys=[is_str for _, is_str in checked],
-            indexes=[codec.key_index(raw, is_str) for raw, is_str in checked],
-            metadata=metadata,
-            signatures=signatures,
-            band_keys=band_keys(signatures, store.banding, store.config.seed),
-        )
+        return prepare_batch(self._store, items, signatures, encoding)
+
+    def _add_prepared(self, batch: _PreparedBatch) -> int:
+        """Insert a batch of new keys prepared by :func:`prepare_batch` (perhaps before
+        this transaction began); DuplicateKeyError before any write if a key is taken."""
+        self._store._check_writable()
+        self._check_new_keys(batch)
+        return int(self._run(self._insert_new, batch))
 
     # -- writing primitives -------------------------------------------------------------------
 
@@ -719,8 +712,7 @@ class WriteTxn(ReadTxn):
         batch = [document_item(entry) for entry in items]
         prepared = self._prepare(batch, encoding=encoding)
         if not replace:
-            self._check_new_keys(prepared)
-            return int(self._run(self._insert_new, prepared))
+            return self._add_prepared(prepared)
         for doc in prepared.docs():
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
@@ -749,8 +741,7 @@ class WriteTxn(ReadTxn):
         signatures = self._store._check_signatures(stacked)
         prepared = self._prepare(batch, signatures)
         if not replace:
-            self._check_new_keys(prepared)
-            return int(self._run(self._insert_new, prepared))
+            return self._add_prepared(prepared)
         for doc in prepared.docs():
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
@@ -882,6 +873,30 @@ class _Poisoner:
         if isinstance(error, lmdb.Error):  # an engine error must not reach the caller raw
             typed = self._owner._store._translate(error)
             raise (typed if typed is not error else TransactionAbortedError(cause)) from error
+
+
+def prepare_batch(
+    store: Store,
+    items: Sequence[tuple[object, object, object]],
+    signatures: npt.NDArray[np.uint32] | None = None,
+    encoding: str | None = None,
+) -> _PreparedBatch:
+    """Validate keys and metadata, then sign (unless ``signatures`` are given) and band a
+    batch of ``(key, text, metadata)`` items. Reads nothing from the tables, so it can run
+    outside a write transaction."""
+    checked = [codec.key_bytes(key) for key, _, _ in items]
+    metadata = [codec.pack_metadata(meta) for _, _, meta in items]
+    if signatures is None:
+        signatures = store.hasher.signatures([text for _, text, _ in items], encoding)
+    return _PreparedBatch(
+        keys=[key for key, _, _ in items],
+        raw_keys=[raw for raw, _ in checked],
+        str_keys=[is_str for _, is_str in checked],
+        indexes=[codec.key_index(raw, is_str) for raw, is_str in checked],
+        metadata=metadata,
+        signatures=signatures,
+        band_keys=band_keys(signatures, store.banding, store.config.seed),
+    )
 
 
 def document_item(entry: object) -> tuple[object, object, object]:
