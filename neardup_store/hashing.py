@@ -13,7 +13,9 @@ array arithmetic silently; no platform-dependent width or byte order is involved
   across numpy releases.
 * ``span_hashes`` hashes many contiguous spans of one code array at once with a
   polynomial over Z/2**64 computed from prefix sums, so the cost is a handful of array
-  operations whatever the span length (character windows, words, word k-grams).
+  operations whatever the span length (words, word k-grams, short documents). Fixed-width
+  character windows take the compiled rolling loop of :mod:`.kernels`, which gives the
+  same values.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ _POLY_BASE_INV = pow(POLY_BASE, -1, 1 << 64)
 # Mixed into a span's hash with its length, so spans that differ only by trailing zero
 # codes still hash apart.
 _LENGTH_MULT = U64(0xD6E8FEB86659FD93)
+SPAN_CONSTANTS = (U64(POLY_BASE), U64(_POLY_BASE_INV), _LENGTH_MULT)
+"""``(base, base inverse, length multiplier)`` of the span hash, for the compiled window
+loop of :mod:`.kernels`, which must give exactly :func:`span_hashes`' values."""
 
 
 # Elementwise chains run over blocks of this many values, so each block's temporaries stay
@@ -144,37 +149,6 @@ def span_hashes(
     raw = prefix[ends] - prefix[starts]
     raw *= _POWERS.inverse[starts]
     return _finish(raw, ends - starts, key)
-
-
-def window_hashes(
-    codes: npt.NDArray[np.unsignedinteger], width: int, key: np.uint64
-) -> npt.NDArray[np.uint64]:
-    """:func:`span_hashes` of every window ``codes[i:i + width]``, ``0 <= i <= n - width``.
-
-    The same values as spans, computed block by block with slices instead of gathers (the
-    fast path for fixed-width character shingles). A span's value does not depend on its
-    position, so each block uses prefix sums of its own codes only.
-    """
-    count = len(codes) - width + 1
-    if count <= 0:
-        return np.empty(0, dtype=np.uint64)
-    _POWERS.ensure(BLOCK + width)
-    out = np.empty(count, dtype=np.uint64)
-    prefix = np.zeros(BLOCK + width, dtype=np.uint64)
-    scratch = np.empty(BLOCK, dtype=np.uint64)
-    addend = U64((width * int(_LENGTH_MULT) + int(key)) & MASK64)
-    for lo in range(0, count, BLOCK):
-        n = min(BLOCK, count - lo)
-        span = codes[lo : lo + n + width - 1]
-        sums = prefix[1 : len(span) + 1]
-        np.multiply(span, _POWERS.forward[: len(span)], out=sums)
-        np.cumsum(sums, out=sums)
-        block = out[lo : lo + n]
-        np.subtract(prefix[width : width + n], prefix[:n], out=block)
-        block *= _POWERS.inverse[:n]
-        block += addend
-        _fmix_in_place(block, scratch[:n])
-    return out
 
 
 def high_bits_below(values: npt.NDArray[np.uint64], bound: int) -> npt.NDArray[np.int64]:

@@ -30,9 +30,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from . import streamed
+from . import kernels, streamed
 from .errors import InvalidParameterError
-from .hashing import BLOCK, U64, derive_keys, fmix64, high_bits_below
+from .hashing import U64, derive_keys, fmix64, high_bits_below
 from .text import ShingleBatch, ShingleConfig, Shingler, check_batch
 
 Scheme = Literal["oph", "kperm"]
@@ -205,23 +205,7 @@ class MinHasher:
     def _oph_bins(self, batch: ShingleBatch) -> npt.NDArray[np.uint64]:
         """Each bin's minimum (``_EMPTY_BIN`` if none), ``n_docs * num_perm`` values:
         minima that :mod:`.streamed` folds over the pieces of a long document."""
-        k, n_docs = self.num_perm, len(batch)
-        hashes, offsets = batch.hashes, batch.offsets
-        first_bin = np.repeat(np.arange(0, n_docs * k, k, dtype=np.int64), np.diff(offsets))
-        bins = np.full(n_docs * k, _EMPTY_BIN, dtype=np.uint64)
-        index = np.empty(min(BLOCK, len(hashes)), dtype=np.int64)
-        value = np.empty(len(index), dtype=np.uint64)
-        for lo in range(0, len(hashes), BLOCK):
-            block = hashes[lo : lo + BLOCK]
-            n = len(block)
-            # Top 32 bits pick the bin (multiply-shift), low 32 bits are the value.
-            np.right_shift(block, U64(32), out=value[:n])
-            value[:n] *= U64(k)
-            value[:n] >>= U64(32)
-            np.add(first_bin[lo : lo + n], value[:n], out=index[:n], casting="unsafe")
-            np.bitwise_and(block, U64(0xFFFFFFFF), out=value[:n])
-            np.minimum.at(bins, index[:n], value[:n])
-        return bins
+        return kernels.compiled().oph_bins(batch.hashes, batch.offsets, self.num_perm, _EMPTY_BIN)
 
     def _oph_finish(
         self, bins: npt.NDArray[np.uint64], has_shingles: npt.NDArray[np.bool_]

@@ -47,6 +47,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from . import kernels
 from .errors import (
     BatchTypeError,
     EmptyDocumentError,
@@ -54,7 +55,7 @@ from .errors import (
     InvalidParameterError,
     TextDecodeError,
 )
-from .hashing import derive_keys, fmix64, span_hashes, window_hashes
+from .hashing import SPAN_CONSTANTS, derive_keys, fmix64, span_hashes
 
 HASH_VERSION = 1
 """Version of the normalisation + shingle-hash algorithm; recorded with every signature."""
@@ -142,12 +143,23 @@ class ShingleConfig:
         return cls(**data)
 
 
-def normalize(text: str, config: ShingleConfig = ShingleConfig()) -> str:
-    """Apply the configured normalisation steps, in order: NFKC, casefold, collapse, strip."""
-    if config.nfkc:
+def fold(text: str, config: ShingleConfig = ShingleConfig()) -> str:
+    """The character steps of :func:`normalize`: NFKC, then casefold.
+
+    ASCII text takes the cheaper equal path: it is always in NFKC, and its casefold is
+    its lower case.
+    """
+    ascii_only = text.isascii()
+    if config.nfkc and not ascii_only:
         text = unicodedata.normalize("NFKC", text)
     if config.casefold:
-        text = text.casefold()
+        text = text.lower() if ascii_only else text.casefold()
+    return text
+
+
+def normalize(text: str, config: ShingleConfig = ShingleConfig()) -> str:
+    """Apply the configured normalisation steps, in order: NFKC, casefold, collapse, strip."""
+    text = fold(text, config)
     if config.collapse_whitespace and config.strip:
         return " ".join(text.split())
     if config.collapse_whitespace:
@@ -275,14 +287,12 @@ class Shingler:
         """
         check_batch(documents)
         texts = [
-            normalize(as_text(doc, encoding, index), self.config)
+            fold(as_text(doc, encoding, index), self.config)
             for index, doc in enumerate(documents, start_index)
         ]
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        codes = _code_points("".join(texts))
-        doc_starts = _bounds(lengths)
+        codes, doc_starts = self._normalised_codes(texts)
         if self.config.kind == "char":
-            self._check_empty(lengths, start_index)
+            self._check_empty(np.diff(doc_starts), start_index)
             hashes, counts = self._char_shingles(codes, doc_starts)
         else:
             words, word_bounds = self._words(codes, doc_starts)
@@ -302,6 +312,20 @@ class Shingler:
         return self.hash_batch([document], encoding).hashes
 
     # -- internals -------------------------------------------------------------------
+
+    def _normalised_codes(
+        self, texts: list[str]
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
+        """Code points of the folded texts after the white-space steps of :func:`normalize`,
+        and where each document starts (then the end)."""
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        codes, bounds = _code_points("".join(texts)), _bounds(lengths)
+        collapse, strip = self.config.collapse_whitespace, self.config.strip
+        if collapse or strip:
+            codes, bounds = kernels.compiled().normalise_spaces(
+                codes, bounds, _IS_SPACE, collapse, strip
+            )
+        return codes, bounds
 
     def _hash_words(self, words: Sequence[str]) -> npt.NDArray[np.uint64]:
         codes = _code_points("".join(words))
@@ -336,33 +360,15 @@ class Shingler:
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         """Hashes of all character k-shingles of the batch, and how many each document has.
 
-        Every window of the concatenated text is hashed with slices; the k - 1 windows
-        before each document's end run into the next document and are dropped. Documents
-        shorter than k get one span hash of their whole text, which is the same value the
-        window would have if it were k long.
+        A document shorter than k has one shingle, its whole text, hashed as a span of its
+        own length: the value the window would have if it were k long.
         """
         k = self.config.shingle_size
         lengths = np.diff(doc_starts)
-        windows = window_hashes(codes, k, self._shingle_key)
-        straddling = (doc_starts[1:, None] - np.arange(1, k)[None, :]).ravel()
-        keep = np.ones(len(windows), dtype=bool)
-        keep[straddling[(straddling >= 0) & (straddling < len(windows))]] = False
-        kept = windows[keep]
         counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
-        short = np.flatnonzero((lengths > 0) & (lengths < k))
-        if not len(short):
-            return kept, counts
-        short_codes = codes[_segment_indices(doc_starts[short], lengths[short])]
-        short_bounds = _bounds(lengths[short])
-        short_hashes = span_hashes(
-            short_codes, short_bounds[:-1], short_bounds[1:], self._shingle_key
+        hashes = kernels.compiled().char_shingle_hashes(
+            codes, doc_starts, _bounds(counts), k, self._shingle_key, *SPAN_CONSTANTS
         )
-        slot_of_short = _bounds(counts)[short]
-        hashes = np.empty(int(counts.sum()), dtype=np.uint64)
-        is_short = np.zeros(len(hashes), dtype=bool)
-        is_short[slot_of_short] = True
-        hashes[slot_of_short] = short_hashes
-        hashes[~is_short] = kept
         return hashes, counts
 
     def _word_shingle_spans(

@@ -244,6 +244,7 @@ codes[codes == 123] = 32  # letters and blanks: about one word in 27 characters
 document = codes.tobytes() if as_bytes else codes.tobytes().decode("ascii")
 del codes
 with Store.open(path, create=True, num_perm=128, shingles=ShingleConfig(kind=kind)) as store:
+    store.hasher.signature("warm up")  # loads the compiled loops outside the measurement
     tracemalloc.start()  # numpy reports its buffers to tracemalloc
     store.add("huge", document, encoding="ascii" if as_bytes else None)
     peak = tracemalloc.get_traced_memory()[1]

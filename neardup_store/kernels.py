@@ -1,0 +1,143 @@
+"""Compiled loops for the three hot passes of signing text.
+
+Profiles of the numpy versions (``tools/README.md``, "Where the time goes") showed that
+signing spent most of its time in passes that numpy can only express as several
+whole-array operations each: collapsing white space (done per document by ``str.split``
+and ``str.join``), hashing every character window, and taking each OPH bin's minimum
+(``np.minimum.at``). Each is one loop here, compiled by numba to machine code, so a
+batch is read once per pass instead of once per array operation.
+
+The loops compute exactly the values of the definitions they replace (the
+readable rules in :mod:`.text` and the prefix-sum spans of
+:func:`.hashing.span_hashes`), which tests check; they are not a second algorithm.
+
+numba is imported and the loops compiled on first use, not on ``import neardup_store``:
+a process that only opens a store and queries by signature never pays for it. Compiled
+code is cached on disk next to this file (``cache=True``), so later processes load it
+in milliseconds instead of compiling again.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Codes = npt.NDArray[np.uint32]
+Bounds = npt.NDArray[np.int64]
+Hashes = npt.NDArray[np.uint64]
+
+_U32_MASK = np.uint64(0xFFFFFFFF)
+
+
+def _normalise_spaces(
+    codes: Codes, bounds: Bounds, is_space: npt.NDArray[np.bool_], collapse: bool, strip: bool
+) -> tuple[Codes, Bounds]:
+    """White-space rules of :func:`.text.normalize` on the code points of a batch.
+
+    ``strip`` drops the white space at both ends of each document, ``collapse`` turns
+    each remaining run into one U+0020. Returns the new codes and document bounds.
+    """
+    out = np.empty(len(codes), dtype=np.uint32)
+    out_bounds = np.empty(len(bounds), dtype=np.int64)
+    last = np.uint32(len(is_space) - 1)
+    n = 0
+    out_bounds[0] = 0
+    for doc in range(len(bounds) - 1):
+        lo, hi = bounds[doc], bounds[doc + 1]
+        if strip:
+            while lo < hi and is_space[min(codes[lo], last)]:
+                lo += 1
+            while hi > lo and is_space[min(codes[hi - 1], last)]:
+                hi -= 1
+        in_run = False
+        for i in range(lo, hi):  # branch-free: white space is too frequent to predict
+            code = codes[i]
+            space = collapse and is_space[min(code, last)]
+            out[n] = np.uint32(32) if space else code
+            n += not (space and in_run)
+            in_run = space
+        out_bounds[doc + 1] = n
+    return out[:n], out_bounds
+
+
+def _char_shingle_hashes(
+    codes: Codes,
+    bounds: Bounds,
+    offsets: Bounds,
+    width: int,
+    key: np.uint64,
+    base: np.uint64,
+    base_inv: np.uint64,
+    length_mult: np.uint64,
+) -> Hashes:
+    """Hash of every ``width``-character window of each document, in order.
+
+    The value of a window is :func:`.hashing.span_hashes` of it: the polynomial
+    ``sum(codes[j] * base**(j - start))`` modulo 2**64, plus ``length * length_mult``
+    and ``key``, finished with MurmurHash3's fmix64. Consecutive windows are rolled in
+    O(1) (``base`` is odd, so it has the inverse ``base_inv``). A document shorter than
+    ``width`` has one shingle, its whole text, hashed the same way with its own length.
+    Document ``d`` writes ``out[offsets[d]:offsets[d + 1]]``.
+    """
+    out = np.empty(offsets[-1], dtype=np.uint64)
+    top = np.uint64(1)
+    for _ in range(width - 1):
+        top *= base
+    for doc in range(len(bounds) - 1):
+        lo, hi = bounds[doc], bounds[doc + 1]
+        span = min(width, hi - lo)
+        if span == 0:
+            continue
+        raw = np.uint64(0)
+        power = np.uint64(1)
+        for j in range(lo, lo + span):
+            raw += np.uint64(codes[j]) * power
+            power *= base
+        addend = np.uint64(span) * length_mult + key
+        slot = offsets[doc]
+        for start in range(lo, hi - span + 1):
+            if start > lo:
+                raw = (raw - np.uint64(codes[start - 1])) * base_inv
+                raw += np.uint64(codes[start + span - 1]) * top
+            x = raw + addend
+            x ^= x >> np.uint64(33)
+            x *= np.uint64(0xFF51AFD7ED558CCD)
+            x ^= x >> np.uint64(33)
+            x *= np.uint64(0xC4CEB9FE1A85EC53)
+            x ^= x >> np.uint64(33)
+            out[slot] = x
+            slot += 1
+    return out
+
+
+def _oph_bins(hashes: Hashes, offsets: Bounds, num_perm: int, empty: np.uint64) -> Hashes:
+    """Each OPH bin's minimum, ``len(offsets) - 1`` rows of ``num_perm`` (``empty`` if none).
+
+    A hash's top 32 bits pick its bin by multiply-shift, its low 32 bits are the value.
+    """
+    k = np.uint64(num_perm)
+    bins = np.full((len(offsets) - 1) * num_perm, empty, dtype=np.uint64)
+    for doc in range(len(offsets) - 1):
+        row = bins[doc * num_perm : (doc + 1) * num_perm]
+        for i in range(offsets[doc], offsets[doc + 1]):
+            h = hashes[i]
+            slot = ((h >> np.uint64(32)) * k) >> np.uint64(32)
+            row[slot] = min(row[slot], h & _U32_MASK)
+    return bins
+
+
+@functools.cache
+def compiled() -> Any:
+    """The loops above as numba functions (compiled, or loaded from the disk cache)."""
+    import numba
+
+    jit = numba.njit(cache=True, nogil=True)
+    return SimpleNamespace(
+        normalise_spaces=jit(_normalise_spaces),
+        char_shingle_hashes=jit(_char_shingle_hashes),
+        oph_bins=jit(_oph_bins),
+    )

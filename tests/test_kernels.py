@@ -1,0 +1,109 @@
+"""The compiled loops give exactly the values of the definitions they replace.
+
+Each test computes the same thing a second, independent way (numpy prefix-sum spans on the
+readable normalisation, ``np.minimum.at``), so a compiled loop that drifts by one bit, one
+window or one white-space rule fails here, not only in the pinned bytes of test_golden.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neardup_store import MinHashConfig, MinHasher, Shingler
+from neardup_store.hashing import span_hashes
+from neardup_store.minhash import _EMPTY_BIN
+from neardup_store.text import ShingleBatch, ShingleConfig, normalize
+
+_texts = st.lists(
+    st.sampled_from([*"abcZ xyz\n\t\r\x0bÄß\u3000\xa0\x1c\u2028\u0301ﬁ", "\U0001d538", " of "]),
+    max_size=30,
+).map("".join)
+_configs = st.builds(
+    ShingleConfig,
+    kind=st.just("char"),
+    size=st.integers(1, 9),
+    casefold=st.booleans(),
+    collapse_whitespace=st.booleans(),
+    strip=st.booleans(),
+    nfkc=st.booleans(),
+    allow_empty=st.just(True),
+)
+
+
+def _window_hashes_by_definition(text: str, shingler: Shingler) -> np.ndarray:
+    """Every k-window of the readable normalisation, hashed as a numpy prefix-sum span."""
+    norm = normalize(text, shingler.config)
+    codes = np.frombuffer(norm.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    k = shingler.config.shingle_size
+    if not len(codes):
+        return np.empty(0, dtype=np.uint64)
+    starts = np.arange(max(len(codes) - k + 1, 1), dtype=np.int64)
+    ends = np.minimum(starts + k, len(codes))
+    return span_hashes(codes, starts, ends, shingler._shingle_key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(_texts, min_size=1, max_size=8), config=_configs)
+def test_compiled_char_shingles_equal_spans_of_the_readable_normalisation(
+    texts: list[str], config: ShingleConfig
+) -> None:
+    shingler = Shingler(config, seed=3)
+    batch = shingler.hash_batch(texts)
+    for i, text in enumerate(texts):
+        assert batch.document(i).tolist() == _window_hashes_by_definition(text, shingler).tolist()
+
+
+def test_a_batch_of_long_real_documents_matches_the_definition() -> None:
+    rng = np.random.default_rng(5)
+    words = ["alpha", "beta", "γάμμα", "delta\t", "\n\n", "épsilon", "  ", "ζ"]
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(0, 3000, 40)]
+    shingler = Shingler(ShingleConfig(allow_empty=True))
+    batch = shingler.hash_batch(texts)
+    for i, text in enumerate(texts):
+        assert np.array_equal(batch.document(i), _window_hashes_by_definition(text, shingler))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 300), min_size=1, max_size=12),
+    num_perm=st.sampled_from([1, 2, 7, 64, 128, 256]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_compiled_oph_bins_equal_a_minimum_per_bin(
+    counts: list[int], num_perm: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    hashes = rng.integers(0, 2**64, sum(counts), dtype=np.uint64, endpoint=False)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    owners = np.repeat(np.arange(len(counts)), counts)
+    slots = owners * num_perm + ((hashes >> np.uint64(32)) * np.uint64(num_perm) >> np.uint64(32))
+    expected = np.full(len(counts) * num_perm, _EMPTY_BIN, dtype=np.uint64)
+    np.minimum.at(expected, slots.astype(np.int64), hashes & np.uint64(0xFFFFFFFF))
+    hasher = MinHasher(MinHashConfig(num_perm=num_perm))
+    assert np.array_equal(hasher._oph_bins(ShingleBatch(hashes, offsets)), expected)
+
+
+def test_importing_and_querying_by_signature_do_not_load_numba() -> None:
+    """Only signing text compiles or loads the loops: a CLI call or a reader that works on
+    signatures does not pay numba's import."""
+    script = """
+import sys, tempfile
+import numpy as np
+import neardup_store as nd
+with tempfile.TemporaryDirectory() as d, nd.Store.open(d + "/s", create=True) as store:
+    signature = np.arange(store.hasher.num_perm, dtype=np.uint32)
+    store.add("a", signature=signature)
+    matches = store.query(signature=signature)
+    loaded_before = "numba" in sys.modules
+    store.add("b", "some text to sign")
+print(len(matches), loaded_before, "numba" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["1", "False", "True"]
