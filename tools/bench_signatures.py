@@ -103,9 +103,11 @@ def _venv_python() -> Path:
 
 
 def _venv_ready(python: Path) -> bool:
-    """True if the venv imports this checkout's neardup_store and both peers."""
+    """True if the venv imports this checkout's neardup_store (with its compiled loops, so
+    a dependency added since the venv was made is noticed) and both peers."""
     probe = (
         "import datasketch, rensa, redis, scipy, neardup_store, pathlib, sys; "
+        "import neardup_store.kernels as k; k.compiled(); "
         "sys.stdout.write(str(pathlib.Path(neardup_store.__file__).resolve().parent.parent))"
     )
     # -I: the current directory must not shadow what the venv itself has installed.
