@@ -285,6 +285,16 @@ class Shingler:
             TextDecodeError: bytes are invalid in ``encoding``.
             EmptyDocumentError: a document has no shingles and empties are not allowed.
         """
+        batch = self._hash_batch(documents, encoding, start_index)
+        hashes = batch.hashes if batch.hashes.flags.owndata else batch.hashes.copy()
+        return ShingleBatch(hashes, batch.offsets)
+
+    def _hash_batch(
+        self, documents: Iterable[object], encoding: str | None = None, start_index: int = 0
+    ) -> ShingleBatch:
+        """:meth:`hash_batch` whose hashes may be this thread's scratch memory
+        (:func:`.kernels.scratch`): for callers that are done with them before their next
+        call."""
         check_batch(documents)
         texts = [
             fold(as_text(doc, encoding, index), self.config)
@@ -319,12 +329,14 @@ class Shingler:
         """Code points of the folded texts after the white-space steps of :func:`normalize`,
         and where each document starts (then the end)."""
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        codes, bounds = _code_points("".join(texts)), _bounds(lengths)
+        bounds = _bounds(lengths)
+        codes = kernels.scratch("codes", int(bounds[-1]), np.uint32)
+        for text, start, end in zip(texts, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            codes[start:end] = _code_points(text)
         collapse, strip = self.config.collapse_whitespace, self.config.strip
         if collapse or strip:
-            codes, bounds = kernels.compiled().normalise_spaces(
-                codes, bounds, _IS_SPACE, collapse, strip
-            )
+            bounds = kernels.compiled().normalise_spaces(codes, bounds, _IS_SPACE, collapse, strip)
+            codes = codes[: bounds[-1]]
         return codes, bounds
 
     def _hash_words(self, words: Sequence[str]) -> npt.NDArray[np.uint64]:
@@ -366,8 +378,10 @@ class Shingler:
         k = self.config.shingle_size
         lengths = np.diff(doc_starts)
         counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
-        hashes = kernels.compiled().char_shingle_hashes(
-            codes, doc_starts, _bounds(counts), k, self._shingle_key, *SPAN_CONSTANTS
+        offsets = _bounds(counts)
+        hashes = kernels.scratch("char shingles", int(offsets[-1]), np.uint64)
+        kernels.compiled().char_shingle_hashes(
+            codes, doc_starts, offsets, k, self._shingle_key, *SPAN_CONSTANTS, hashes
         )
         return hashes, counts
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neardup_store import MinHashConfig, MinHasher, Shingler
+from neardup_store import MinHashConfig, MinHasher, Shingler, kernels
 from neardup_store.hashing import span_hashes
 from neardup_store.minhash import _EMPTY_BIN
 from neardup_store.text import ShingleBatch, ShingleConfig, normalize
@@ -107,3 +108,37 @@ print(len(matches), loaded_before, "numba" in sys.modules)
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.split() == ["1", "False", "True"]
+
+
+def test_hash_batch_results_are_not_overwritten_by_the_next_call() -> None:
+    """The loops write into reused per-thread buffers; what hash_batch returns is the
+    caller's own."""
+    shingler = Shingler()
+    first = shingler.hash_batch(["the first batch of text", "and its second document"])
+    kept = first.hashes.copy()
+    shingler.hash_batch(["something else entirely, and longer than the first batch was"])
+    assert np.array_equal(first.hashes, kept)
+
+
+def test_threads_signing_at_once_get_the_signatures_of_one_thread() -> None:
+    """The compiled loops release the GIL and their buffers are per thread."""
+    rng = np.random.default_rng(9)
+    words = ["alpha", "beta", "gamma", "delta", "épsilon", "\t", "zeta", "eta"]
+    groups = [
+        [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 4000, 30)]
+        for _ in range(8)
+    ]
+    hasher = MinHasher(MinHashConfig(num_perm=64))
+    alone = [hasher.signatures(group) for group in groups]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(hasher.signatures, groups * 3))
+    for i, sigs in enumerate(together):
+        assert np.array_equal(sigs, alone[i % len(groups)])
+
+
+def test_a_batch_larger_than_the_reused_buffers_matches_the_definition() -> None:
+    text = "a rose is  a rose\n" * (kernels.SCRATCH_LIMIT // 17)  # more codes than the limit
+    shingler = Shingler()
+    assert len(text) > kernels.SCRATCH_LIMIT
+    expected = _window_hashes_by_definition(text, shingler)
+    assert np.array_equal(shingler.hash_document(text), expected)
