@@ -168,12 +168,25 @@ def scratch(name: str, size: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
 
 @functools.cache
 def compiled() -> Any:
-    """The loops above as numba functions (compiled, or loaded from the disk cache)."""
+    """The loops above as numba functions (compiled, or loaded from the disk cache).
+
+    Where numba finds no writable cache directory (a read-only install and home, as in
+    some containers) it refuses ``cache=True``; the loops are then compiled in every
+    process instead of failing.
+    """
     import numba
 
-    jit = numba.njit(cache=True, nogil=True)
-    return SimpleNamespace(
-        normalise_spaces=jit(_normalise_spaces),
-        char_shingle_hashes=jit(_char_shingle_hashes),
-        oph_bins=jit(_oph_bins),
-    )
+    loops = {
+        "normalise_spaces": _normalise_spaces,
+        "char_shingle_hashes": _char_shingle_hashes,
+        "oph_bins": _oph_bins,
+    }
+
+    def build(cache: bool) -> SimpleNamespace:
+        jit = numba.njit(cache=cache, nogil=True)
+        return SimpleNamespace(**{name: jit(loop) for name, loop in loops.items()})
+
+    try:
+        return build(cache=True)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return build(cache=False)

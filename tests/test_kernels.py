@@ -7,6 +7,7 @@ window or one white-space rule fails here, not only in the pinned bytes of test_
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -142,3 +143,19 @@ def test_a_batch_larger_than_the_reused_buffers_matches_the_definition() -> None
     assert len(text) > kernels.SCRATCH_LIMIT
     expected = _window_hashes_by_definition(text, shingler)
     assert np.array_equal(shingler.hash_document(text), expected)
+
+
+def test_signing_works_where_numba_has_nowhere_to_cache() -> None:
+    """With no usable cache location (here: only the IPython locator, which declines
+    outside IPython) numba refuses cache=True; the loops are compiled without it."""
+    script = (
+        "import numpy as np; from neardup_store import MinHasher; "
+        "print(MinHasher().signature('a few words to sign').tobytes().hex())"
+    )
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
+    uncached = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert uncached.returncode == 0, uncached.stderr
+    expected = MinHasher().signature("a few words to sign").tobytes().hex()
+    assert uncached.stdout.strip() == expected
