@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,6 +20,7 @@ from neardup_store.errors import (
 from neardup_store.text import (
     ShingleConfig,
     Shingler,
+    fold,
     normalize,
     shingle_strings,
 )
@@ -254,3 +257,13 @@ def test_vectorised_hashes_agree_with_readable_shingles(
         if config.bag:
             exact = nd.bag_jaccard(strings[0], strings[1], union="max")
         assert nd.hashed_jaccard(batch.document(0), batch.document(1)) == pytest.approx(exact)
+
+
+def test_the_ascii_shortcut_of_fold_is_exact() -> None:
+    """fold() skips NFKC and uses lower() for ASCII text; that is only right if every
+    ASCII character is its own NFKC form and casefolds to its lower case."""
+    ascii_text = "".join(map(chr, range(128)))
+    assert unicodedata.normalize("NFKC", ascii_text) == ascii_text
+    assert ascii_text.casefold() == ascii_text.lower()
+    assert fold(ascii_text, ShingleConfig()) == ascii_text.casefold()
+    assert fold("ÅNGSTRÖM ﬁ", ShingleConfig()) == "ångström fi"  # the general path
