@@ -26,8 +26,8 @@ import numpy.typing as npt
 U64 = np.uint64
 MASK64 = (1 << 64) - 1
 
-_FMIX_C1 = U64(0xFF51AFD7ED558CCD)
-_FMIX_C2 = U64(0xC4CEB9FE1A85EC53)
+FMIX_C1 = U64(0xFF51AFD7ED558CCD)
+FMIX_C2 = U64(0xC4CEB9FE1A85EC53)
 _S33 = U64(33)
 
 # Odd multiplier of the span polynomial (the 64-bit golden ratio) and its inverse mod 2**64.
@@ -49,10 +49,10 @@ BLOCK = 1 << 15
 def _fmix_in_place(x: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) -> None:
     np.right_shift(x, _S33, out=scratch)
     x ^= scratch
-    x *= _FMIX_C1
+    x *= FMIX_C1
     np.right_shift(x, _S33, out=scratch)
     x ^= scratch
-    x *= _FMIX_C2
+    x *= FMIX_C2
     np.right_shift(x, _S33, out=scratch)
     x ^= scratch
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .hashing import FMIX_C1, FMIX_C2
+
 Codes = npt.NDArray[np.uint32]
 Bounds = npt.NDArray[np.int64]
 Hashes = npt.NDArray[np.uint64]
@@ -109,9 +111,9 @@ def _char_shingle_hashes(
                 raw += np.uint64(codes[start + span - 1]) * top
             x = raw + addend
             x ^= x >> np.uint64(33)
-            x *= np.uint64(0xFF51AFD7ED558CCD)
+            x *= FMIX_C1
             x ^= x >> np.uint64(33)
-            x *= np.uint64(0xC4CEB9FE1A85EC53)
+            x *= FMIX_C2
             x ^= x >> np.uint64(33)
             out[slot] = x
             slot += 1
