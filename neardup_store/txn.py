@@ -548,15 +548,7 @@ class WriteTxn(ReadTxn):
         first, self._next_id = self._next_id, self._next_id + count
         return np.arange(first, first + count, dtype=np.uint64)
 
-    # -- preparing (validation and signatures; no writes) --------------------------------------
-
-    def _prepare(
-        self,
-        items: Sequence[tuple[object, object, object]],
-        signatures: npt.NDArray[np.uint32] | None = None,
-        encoding: str | None = None,
-    ) -> _PreparedBatch:
-        return prepare_batch(self._store, items, signatures, encoding)
+    # -- inserting prepared batches (prepare_batch: validation and signatures, no writes) ------
 
     def _add_prepared(self, batch: _PreparedBatch) -> int:
         """Insert a batch of new keys prepared by :func:`prepare_batch` (perhaps before
@@ -694,7 +686,7 @@ class WriteTxn(ReadTxn):
                 "document/signature", "both or neither", "exactly one of text or signature="
             )
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
-        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding).docs()
+        (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
         return bool(self._run(self._store_prepared, doc, replace))
 
     def add_many(
@@ -710,7 +702,7 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         batch = [document_item(entry) for entry in items]
-        prepared = self._prepare(batch, encoding=encoding)
+        prepared = prepare_batch(self._store, batch, encoding=encoding)
         if not replace:
             return self._add_prepared(prepared)
         for doc in prepared.docs():
@@ -739,7 +731,7 @@ class WriteTxn(ReadTxn):
                 "signatures", "rows of different shapes", "one shape (num_perm,) for every item"
             ) from None
         signatures = self._store._check_signatures(stacked)
-        prepared = self._prepare(batch, signatures)
+        prepared = prepare_batch(self._store, batch, signatures)
         if not replace:
             return self._add_prepared(prepared)
         for doc in prepared.docs():
@@ -833,7 +825,7 @@ class WriteTxn(ReadTxn):
             )
         threshold = self._store._check_threshold(threshold)
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
-        (doc,) = self._prepare([(key, document, metadata)], sigs, encoding).docs()
+        (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
         result: UniqueResult = self._run(self._add_unique, doc, threshold)
         return result
 
@@ -848,7 +840,8 @@ class WriteTxn(ReadTxn):
         earlier item of the same batch is not added (the earlier one is its match)."""
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
-        prepared = self._prepare([document_item(entry) for entry in items], encoding=encoding)
+        batch = [document_item(entry) for entry in items]
+        prepared = prepare_batch(self._store, batch, encoding=encoding)
         self._check_new_keys(prepared)
         return [self._run(self._add_unique, doc, threshold) for doc in prepared.docs()]
 

@@ -42,7 +42,7 @@ from neardup_store.minhash import MinHashConfig, MinHasher
 from neardup_store.similarity import estimate_jaccard, hashed_jaccard
 from neardup_store.store import Store
 from neardup_store.text import ShingleConfig
-from neardup_store.txn import Document, WriteTxn
+from neardup_store.txn import Document, WriteTxn, prepare_batch
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -1166,7 +1166,7 @@ def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
         store.add("before", "a document committed earlier")
         writing = store.write()
         txn = writing.__enter__()
-        (doc,) = txn._prepare([("half", "a document that will fail", None)]).docs()
+        (doc,) = prepare_batch(store, [("half", "a document that will fail", None)]).docs()
         broken = doc._replace(band_keys=[b"", *doc.band_keys[1:]])
         with pytest.raises(TransactionAbortedError, match="BadValsizeError"):
             txn._run(txn._store_prepared, broken, False)
