@@ -8,9 +8,10 @@ values are little-endian.
 ``meta`` — text key → msgpack value
     ``format``           the string ``"neardup_store"``: marks the environment as a store.
     ``format_version``   int, :data:`FORMAT_VERSION` of the writer; this release also reads
-                         and writes format 1 stores (:data:`READABLE_FORMATS`), which
-                         differ only in their band keys. A rebuild moves a store to the
-                         current format.
+                         and writes format 1 and 2 stores (:data:`READABLE_FORMATS`).
+                         Format 2 differs only in the layout of the band tables; format 1
+                         also in its band keys. A rebuild moves a store to the current
+                         format.
     ``package_version``  str, the neardup_store release that created the store.
     ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``.
     ``config``           map, :meth:`MinHashConfig.to_dict` (num_perm, scheme, seed and the
@@ -51,11 +52,23 @@ values are little-endian.
     record holds the full key, which a lookup compares, so a hashed index is never trusted
     alone.
 
-``band.<generation>.<index>`` — band key (8 bytes, big-endian uint64) → document ids
-    One table per band (``index`` is four decimal digits), duplicate-sorted with fixed
-    8-byte big-endian values: each band key maps to the ids of the documents whose band
-    has that key. Adding or removing a document touches one entry per band. A rebuild
-    writes a new generation and drops the old one in the same transaction.
+``band.<generation>.<index>`` — one table per band (``index`` is four decimal digits)
+    Each document has one entry per band: its band key (an 8-byte big-endian uint64) and
+    its id. The tables are duplicate-sorted with fixed-size values, so an entry's place is
+    the band key followed by the id, and the entries of one band key (its bucket) are
+    adjacent. The :class:`BandLayout` of the store's format says where the band key's
+    bytes go:
+
+    * format 3: the table key is the band key's first byte; the value (15 bytes) is the
+      other 7 bytes followed by the id. A table therefore has at most 256 keys, each
+      holding its entries as LMDB's packed fixed-size duplicates (15 bytes each, no
+      per-entry node header), which takes about half the pages of the older layout. Fewer
+      pages means fewer pages copied on write by each batch, the main cost of ingest and
+      removal (``tools/README.md``, "Where the time goes").
+    * formats 1 and 2: the table key is the whole band key; the value is the id (8 bytes).
+
+    Adding or removing a document touches one entry per band. A rebuild writes a new
+    generation in the current layout and drops the old one in the same transaction.
 
 Export stream (:func:`export_header`, :func:`export_record`): a sequence of msgpack
 objects. First a header map ``{"format": "neardup_store-export", "version": 1, "config":
@@ -73,7 +86,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +99,8 @@ from .errors import CorruptRecordError, InvalidKeyError, MetadataError
 from .lsh import LSHParams
 
 FORMAT_NAME = "neardup_store"
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
 RECORD_VERSION = 1
 EXPORT_FORMAT = "neardup_store-export"
 EXPORT_VERSION = 1
@@ -154,6 +167,56 @@ def banding_from_meta(value: Any, format_version: int) -> tuple[LSHParams, float
         keys = value["keys"]
     banding = LSHParams(value["bands"], value["rows"], keys)
     return banding, float(value["threshold"]), value["generation"]
+
+
+@dataclass(frozen=True)
+class BandLayout:
+    """Where a band entry's 16 bytes (band key, then document id, big-endian) go in a band
+    table: the first ``key_bytes`` form the table key, the rest the fixed-size value.
+
+    Every split keeps the table's order equal to the order of (band key, id), so one
+    sorted batch of entries is sorted for the table, whatever the layout.
+    """
+
+    key_bytes: int
+
+    @property
+    def lead_bytes(self) -> int:
+        """How many bytes of the band key lead the value."""
+        return 8 - self.key_bytes
+
+    def entry(self, band_key: bytes, doc_id: bytes) -> tuple[bytes, bytes]:
+        """The ``(table key, value)`` of one document's entry."""
+        return band_key[: self.key_bytes], band_key[self.key_bytes :] + doc_id
+
+    def entries(
+        self, band_keys: npt.NDArray[np.uint64], ids: npt.NDArray[np.uint64]
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The entries of documents ``ids`` with ``band_keys`` (one band), in table order."""
+        order = np.lexsort((ids, band_keys))
+        pairs = np.empty((len(order), 2), dtype=">u8")
+        pairs[:, 0], pairs[:, 1] = band_keys[order], ids[order]
+        raw = pairs.view(np.uint8)
+        cut = self.key_bytes
+        keys = np.ascontiguousarray(raw[:, :cut]).view(f"V{cut}").ravel().tolist()
+        values = np.ascontiguousarray(raw[:, cut:]).view(f"V{16 - cut}").ravel().tolist()
+        return zip(keys, values, strict=True)
+
+    def split(self, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+        """``(band key, id)`` of a stored entry."""
+        lead = self.lead_bytes
+        return bytes(key) + bytes(value[:lead]), bytes(value[lead:])
+
+
+SPLIT_BAND_KEYS = BandLayout(key_bytes=1)
+"""Format 3: 256 table keys, each holding packed 15-byte values."""
+WHOLE_BAND_KEYS = BandLayout(key_bytes=8)
+"""Formats 1 and 2: the band key is the table key, the id the value."""
+
+
+def band_layout(format_version: int) -> BandLayout:
+    """The band table layout of a store of ``format_version``."""
+    return SPLIT_BAND_KEYS if format_version >= 3 else WHOLE_BAND_KEYS
 
 
 def encode_id(doc_id: int) -> bytes:

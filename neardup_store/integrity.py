@@ -284,7 +284,8 @@ class _Checker:
         rows = self.reader._band_key_rows(np.stack([sig for _, sig in batch]))
         for (raw_id, _), keys in zip(batch, rows, strict=True):
             for band, band_key in enumerate(keys):
-                if not self.reader._band_cursor(band).set_key_dup(band_key, raw_id):
+                entry = self.store._band_layout.entry(band_key, raw_id)
+                if not self.reader._band_cursor(band).set_key_dup(*entry):
                     self.missing[band] += 1
                     doc_id = codec.decode_id(raw_id)
                     self.add(
@@ -315,9 +316,10 @@ class _Checker:
                     )
 
     def band_orphans(self, band: int, db: Any) -> None:
+        split = self.store._band_layout.split
         for batch in _table_batches(self.txn, db):
             ids, sigs = [], []
-            for band_key, raw_id in batch:
+            for band_key, raw_id in (split(key, value) for key, value in batch):
                 if raw_id in self.bad_ids:
                     continue
                 record = self.txn.get(raw_id, db=self.store._docs_db) if len(raw_id) == 8 else None
@@ -367,13 +369,14 @@ def _fill_bands(
     sigs: npt.NDArray[np.uint32],
     banding: LSHParams,
     seed: int,
+    layout: codec.BandLayout,
 ) -> None:
     """Put every document of a batch into its bucket of every band (repair and rebuild)."""
     keys = band_keys(sigs, banding, seed)
+    id_values = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
     for band, db in enumerate(band_dbs):
-        column = codec.encode_band_keys(keys[:, band])
         with txn.cursor(db=db) as cursor:
-            cursor.putmulti(zip(column, ids, strict=True), dupdata=True)
+            cursor.putmulti(layout.entries(keys[:, band], id_values), dupdata=True)
 
 
 _STALE_RETRIES = 5
@@ -427,7 +430,10 @@ def _rederive(store: Store) -> Any:
                 sigs.append(record.signature)
                 next_id = max(next_id, codec.decode_id(raw_id) + 1)
             if ids:
-                _fill_bands(txn, store._band_dbs, ids, np.stack(sigs), store.banding, seed)
+                _fill_bands(
+                    txn, store._band_dbs, ids, np.stack(sigs), store.banding, seed,
+                    store._band_layout,
+                )  # fmt: skip
                 restored += len(ids)
         txn.put(b"next_doc_id", codec.pack_meta(next_id), db=store._meta_db)
         return restored

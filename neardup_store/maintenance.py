@@ -353,21 +353,17 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
         for band, db in enumerate(store._band_dbs):
             histogram: list[int] = []
             buckets = entries = 0
-            with txn.cursor(db=db) as cursor:
-                more = cursor.first()
-                while more:
-                    size = cursor.count()
-                    index = (size - 1).bit_length()
-                    histogram.extend([0] * (index + 1 - len(histogram)))
-                    histogram[index] += 1
-                    buckets, entries = buckets + 1, entries + size
-                    if largest and size > 1:
-                        item = (size, -band, bytes(cursor.key()))
-                        if len(heap) < largest:
-                            heapq.heappush(heap, item)
-                        elif item > heap[0]:
-                            heapq.heapreplace(heap, item)
-                    more = cursor.next_nodup()
+            for band_key, size in _bucket_sizes(txn, db, store._band_layout):
+                index = (size - 1).bit_length()
+                histogram.extend([0] * (index + 1 - len(histogram)))
+                histogram[index] += 1
+                buckets, entries = buckets + 1, entries + size
+                if largest and size > 1:
+                    item = (size, -band, band_key)
+                    if len(heap) < largest:
+                        heapq.heappush(heap, item)
+                    elif item > heap[0]:
+                        heapq.heapreplace(heap, item)
             bands.append(BandStats(band, buckets, entries, tuple(histogram)))
         top = [
             LargeBucket(-neg_band, size, _sample_keys(reader, -neg_band, key))
@@ -393,16 +389,24 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
         )
 
 
+def _bucket_sizes(txn: Any, db: Any, layout: codec.BandLayout) -> Iterator[tuple[bytes, int]]:
+    """``(band key, number of entries)`` of every bucket of a band table, in key order."""
+    lead = layout.lead_bytes
+    current, size = b"", 0
+    with txn.cursor(db=db) as cursor:
+        for key, value in cursor:
+            band_key = bytes(key) + bytes(value[:lead])
+            if band_key != current:
+                if size:
+                    yield current, size
+                current, size = band_key, 0
+            size += 1
+    if size:
+        yield current, size
+
+
 def _sample_keys(reader: ReadTxn, band: int, band_key: bytes, count: int = 3) -> tuple[Key, ...]:
-    cursor = reader._band_cursor(band)
-    if not cursor.set_key(band_key):
-        return ()
-    ids = []
-    for doc_id in cursor.iternext_dup(keys=False, values=True):
-        ids.append(bytes(doc_id))
-        if len(ids) == count:
-            break
-    return tuple(reader._key_of(doc_id) for doc_id in ids)
+    return tuple(reader._key_of(doc_id) for doc_id in reader._bucket(band, band_key)[:count])
 
 
 # -- exclusive access ---------------------------------------------------------------------------
@@ -454,13 +458,13 @@ def _reopen(store: Store, max_dbs: int, swap: Callable[[], None] | None = None) 
             swap()
     finally:  # reopen whichever file is in place, so the store stays usable
         store._env = store._open_env(max_dbs, int(info["map_size"]), int(info["max_readers"]))
-        _reattach(store, store.params, store._generation)
+        _reattach(store, store.params, store._generation, store._format_version)
 
 
-def _reattach(store: Store, params: StoreParams, generation: int) -> None:
+def _reattach(store: Store, params: StoreParams, generation: int, format_version: int) -> None:
     """Reopen the table handles; the signature parameters never change, so the hasher stays."""
     hasher = store.hasher
-    store._attach(params, generation)
+    store._attach(params, generation, format_version)
     store.hasher = hasher
 
 
@@ -700,15 +704,16 @@ def _rebanding(
             )
             txn.drop(db, delete=False)  # a leftover table of that name must not add entries
             new_dbs.append(db)
+        layout = codec.band_layout(codec.FORMAT_VERSION)
         count = 0
         for batch in _table_batches(txn, store._docs_db, BATCH):
             ids = [raw_id for raw_id, _ in batch]
             sigs = np.stack([codec.decode_signature(rec, codec.decode_id(i)) for i, rec in batch])
-            _fill_bands(txn, new_dbs, ids, sigs, banding, store.config.seed)
+            _fill_bands(txn, new_dbs, ids, sigs, banding, store.config.seed, layout)
             count += len(batch)
             if progress is not None:
                 progress(count)
-        # The new band keys are the current scheme's, so the store is now of this format.
+        # The new band keys and tables are the current format's, and so is the store now.
         meta = codec.banding_meta(banding, threshold, generation)
         txn.put(b"banding", codec.pack_meta(meta), db=store._meta_db)
         txn.put(b"format_version", codec.pack_meta(codec.FORMAT_VERSION), db=store._meta_db)
@@ -768,7 +773,8 @@ def rebuild(
             with store.write() as writer:
                 count = int(writer._run(operation, writer))
         except BaseException:
-            _reattach(store, old, store._generation)  # dropping closed the old handles
+            # dropping closed the old handles
+            _reattach(store, old, store._generation, store._format_version)
             raise
-        _reattach(store, new, generation)
+        _reattach(store, new, generation, codec.FORMAT_VERSION)
     return RebuildReport(count, generation, old, new)

@@ -289,7 +289,7 @@ class Store:
             for band in range(params.banding.bands):
                 env.open_db(codec.band_table_name(0, band), txn=txn, dupsort=True, dupfixed=True)
             _faults.checkpoint("before-create")
-        self._attach(params, generation=0)
+        self._attach(params, generation=0, format_version=codec.FORMAT_VERSION)
 
     def _open_existing(
         self, asked: tuple[Any, ...], map_size: int | None, max_readers: int, create: bool
@@ -319,7 +319,11 @@ class Store:
         size = max(map_size or DEFAULT_MAP_SIZE, int(meta.get("map_size", 0)))
         self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
         try:
-            self._attach(params, generation=meta["banding"]["generation"])
+            self._attach(
+                params,
+                generation=meta["banding"]["generation"],
+                format_version=meta["format_version"],
+            )
         except lmdb.Error as err:  # a table is missing or its record is damaged
             raise CorruptStoreError(str(self.path), f"LMDB cannot open its tables: {err}") from None
 
@@ -418,11 +422,13 @@ class Store:
         if conflicts:
             raise ParamsMismatchError(str(self.path), conflicts)
 
-    def _attach(self, params: StoreParams, generation: int) -> None:
+    def _attach(self, params: StoreParams, generation: int, format_version: int) -> None:
         env = self._require_env()
         self.params = params
         self.hasher = MinHasher(params.config)
         self._generation = generation
+        self._format_version = format_version
+        self._band_layout = codec.band_layout(format_version)
         self._meta_db = env.open_db(codec.META_DB, create=False)
         self._docs_db = env.open_db(codec.DOCS_DB, create=False)
         self._keys_db = env.open_db(codec.KEYS_DB, create=False)

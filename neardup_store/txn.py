@@ -92,6 +92,9 @@ class UniqueResult:
     matches: list[Match]
 
 
+_FIRST_ID = bytes(8)  # the smallest document id, to seek the start of a bucket
+
+
 class _Prepared(NamedTuple):
     """A validated document ready to write: nothing here can fail any more."""
 
@@ -385,32 +388,50 @@ class ReadTxn:
         keys = band_keys(sigs, store.banding, store.config.seed)
         return codec.band_key_bytes(keys)  # type: ignore[return-value]
 
+    def _bucket(self, band: int, band_key: bytes) -> list[bytes]:
+        """The ids in ``band_key``'s bucket of ``band`` (one B-tree descent).
+
+        The same steps serve every :class:`~neardup_store.codec.BandLayout`: seek the
+        first entry at or after (band key, id 0), then read values while they lead with
+        the band key's bytes that are not in the table key (none when the table key is the
+        whole band key).
+        """
+        cursor = self._band_cursor(band)
+        cut = self._store._band_layout.key_bytes
+        lead = band_key[cut:]
+        if not cursor.set_range_dup(band_key[:cut], lead + _FIRST_ID):
+            return []
+        width = len(lead)
+        if cursor.value()[:width] != lead:  # the usual miss, told without an iterator
+            return []
+        ids = []
+        for value in cursor.iternext_dup(keys=False, values=True):
+            if value[:width] != lead:
+                break
+            ids.append(value[width:])
+        return ids
+
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
         """Candidate ids of one query, given its band keys (8 bytes each)."""
         ids: set[bytes] = set()
         for band, band_key in enumerate(keys):
-            cursor = self._band_cursor(band)
-            if cursor.set_key(band_key):
-                ids.update(cursor.iternext_dup(keys=False, values=True))
+            ids.update(self._bucket(band, band_key))
         return ids
 
     def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
-        """Candidate ids of many queries: one multi-get per band table for the whole batch."""
+        """Candidate ids of many queries, each distinct bucket of a batch read once."""
         found: list[set[bytes]] = [set() for _ in rows]
-        if len(rows) == 1:
-            (row,) = rows
-            found[0] = self._candidates([row[i : i + 8] for i in range(0, len(row), 8)])
-            return found
         for band in range(self._store.banding.bands):
             lo = 8 * band
             askers: dict[bytes, list[int]] = {}
             for query, row in enumerate(rows):
                 askers.setdefault(row[lo : lo + 8], []).append(query)
             # Sorted keys walk each table in order, so neighbouring lookups share pages.
-            hits = self._band_cursor(band).getmulti(sorted(askers), dupdata=True)
-            for band_key, doc_id in hits:
-                for query in askers[band_key]:
-                    found[query].add(doc_id)
+            for band_key in sorted(askers):
+                ids = self._bucket(band, band_key)
+                if ids:
+                    for query in askers[band_key]:
+                        found[query].update(ids)
         return found
 
     def _signatures_of(self, ids: Sequence[bytes]) -> npt.NDArray[np.uint32]:
@@ -568,7 +589,8 @@ class WriteTxn(ReadTxn):
             txn.put(doc.index, doc_id, db=store._keys_db)
             _faults.checkpoint("after-put")
             for band, band_key in enumerate(doc.band_keys):
-                txn.put(band_key, doc_id, db=store._band_dbs[band], dupdata=True)
+                entry = store._band_layout.entry(band_key, doc_id)
+                txn.put(*entry, db=store._band_dbs[band], dupdata=True)
             _faults.checkpoint("after-bands")
 
     def _insert_new(self, docs: _PreparedBatch) -> int:
@@ -592,13 +614,7 @@ class WriteTxn(ReadTxn):
                 cursor.putmulti(indexes)
             _faults.checkpoint("after-put")
             for band in range(store.banding.bands):
-                column = docs.band_keys[:, band]
-                order = np.lexsort((id_values, column))
-                entries = zip(
-                    codec.band_key_bytes(column[order]),
-                    codec.band_key_bytes(id_values[order]),
-                    strict=True,
-                )
+                entries = store._band_layout.entries(docs.band_keys[:, band], id_values)
                 with txn.cursor(db=store._band_dbs[band]) as cursor:
                     cursor.putmulti(entries, dupdata=True)
             _faults.checkpoint("after-bands")
@@ -610,7 +626,7 @@ class WriteTxn(ReadTxn):
         (keys,) = self._band_key_rows(sig[None, :])
         with self._writing():
             for band, band_key in enumerate(keys):
-                txn.delete(band_key, doc_id, db=store._band_dbs[band])
+                txn.delete(*store._band_layout.entry(band_key, doc_id), db=store._band_dbs[band])
             txn.delete(doc_id, db=store._docs_db)
             txn.delete(index, db=store._keys_db)
             _faults.checkpoint("after-remove")
@@ -624,18 +640,11 @@ class WriteTxn(ReadTxn):
         store = self._store
         ids = [doc_id for doc_id, _ in found]
         keys = band_keys(self._signatures_of(ids), store.banding, store.config.seed)
-        id_values = np.frombuffer(b"".join(ids), dtype=">u8")
+        id_values = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
         with self._writing():
             for band in range(store.banding.bands):
-                order = np.lexsort((id_values, keys[:, band]))
-                self._delete_sorted(
-                    store._band_dbs[band],
-                    zip(
-                        codec.band_key_bytes(keys[order, band]),
-                        codec.band_key_bytes(id_values[order]),
-                        strict=True,
-                    ),
-                )
+                entries = store._band_layout.entries(keys[:, band], id_values)
+                self._delete_sorted(store._band_dbs[band], entries)
             self._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in sorted(ids)))
             self._delete_sorted(
                 store._keys_db, ((index, None) for index in sorted(i for _, i in found))

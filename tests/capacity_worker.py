@@ -36,7 +36,7 @@ PROJECT_ROOT = HERE.parent
 if str(PROJECT_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(PROJECT_ROOT))
 
-from harness import Model, raw_digest  # noqa: E402
+from harness import Model, band_table_entry, raw_digest  # noqa: E402
 
 from neardup_store import codec  # noqa: E402
 from neardup_store.errors import NeardupError, StoreFullError  # noqa: E402
@@ -177,7 +177,7 @@ def check_snapshot(txn: Any, rng: np.random.Generator, sample: int = 40) -> dict
         row = codec.encode_band_keys(band_keys(sig[None, :], store.banding, store.config.seed)[0])
         for band, band_key in enumerate(row):
             with raw.cursor(db=store._band_dbs[band]) as cursor:
-                assert cursor.set_key_dup(band_key, doc_id), (band, doc_id)
+                assert cursor.set_key_dup(*band_table_entry(band_key, doc_id)), (band, doc_id)
         key_raw, is_str = codec.record_key(record, codec.decode_id(doc_id))
         key = key_raw.decode() if is_str else key_raw
         found = {m.key: m.score for m in txn.query(signature=sig)}

@@ -34,7 +34,7 @@ from crash_writer import (
     expected_model,
     write_batch,
 )
-from harness import orphan_band_entries
+from harness import band_table_entry, orphan_band_entries
 
 from neardup_store import NotAStoreError, Store, _faults, codec
 from neardup_store.txn import WriteTxn
@@ -120,7 +120,8 @@ def test_the_verification_notices_an_orphan_band_entry(tmp_path: Path) -> None:
     env = lmdb.open(str(tmp_path / "store"), max_dbs=64)
     with env.begin(write=True) as txn:
         band = env.open_db(codec.band_table_name(0, 0), txn=txn, dupsort=True, dupfixed=True)
-        txn.put(b"\x00" * 8, codec.encode_id(10**9), db=band, dupdata=True)
+        entry = band_table_entry(b"\x00" * 8, codec.encode_id(10**9))
+        txn.put(*entry, db=band, dupdata=True)
     env.close()
 
     assert len(orphan_band_entries(tmp_path / "store")) == 1

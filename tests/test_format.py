@@ -19,6 +19,7 @@ import msgpack
 import numpy as np
 import pytest
 import xxhash
+from harness import raw_dump
 
 from neardup_store import codec
 from neardup_store._version import __version__
@@ -61,8 +62,8 @@ def reseal(body: bytes) -> bytes:
 
 
 def test_format_constants() -> None:
-    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 2
-    assert codec.READABLE_FORMATS == (1, 2)
+    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 3
+    assert codec.READABLE_FORMATS == (1, 2, 3)
     assert codec.RECORD_VERSION == 1
     assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 1
     assert (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB) == (b"meta", b"docs", b"keys")
@@ -365,10 +366,13 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
                 (b"sdoc-1", bytes.fromhex("0000000000000000")),
             ]
             for band, table in enumerate(bands):
+                # Format 3: the band key's first byte is the table key; the value is its
+                # other seven bytes, then the id.
+                first, second = (int(k).to_bytes(8, "big") for k in expected_bands[:, band])
                 assert sorted(txn.cursor(db=table)) == sorted(
                     [
-                        (int(expected_bands[0, band]).to_bytes(8, "big"), codec.encode_id(0)),
-                        (int(expected_bands[1, band]).to_bytes(8, "big"), codec.encode_id(1)),
+                        (first[:1], first[1:] + bytes.fromhex("0000000000000000")),
+                        (second[:1], second[1:] + bytes.fromhex("0000000000000001")),
                     ]
                 )
             raw = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=meta)}
@@ -380,7 +384,7 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     assert isinstance(map_size, int) and map_size > 0
     assert values == {
         "format": "neardup_store",
-        "format_version": 2,
+        "format_version": 3,
         "package_version": __version__,
         "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
         "config": config.to_dict(),
@@ -412,40 +416,44 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     }
 
 
-# -- stores of format 1 ------------------------------------------------------------------------
+# -- stores of formats 1 and 2 -------------------------------------------------------------------
 
 
-def rewrite_as_format_1(path: Path) -> None:
-    """Turn a closed store into what format 1 wrote: fold band keys, no ``keys`` entry."""
+def rewrite_as_old_format(path: Path, version: int) -> None:
+    """Turn a closed store into what format ``version`` wrote: band tables keyed by the
+    whole band key with the id as value; format 1 also has fold band keys and no ``keys``
+    entry in its banding."""
     env = lmdb.open(str(path), max_dbs=64)
     try:
         meta_db = env.open_db(codec.META_DB, create=False)
         with env.begin(write=True) as txn:
             meta = {bytes(k).decode(): codec.unpack_meta(v) for k, v in txn.cursor(db=meta_db)}
             banding = meta["banding"]
-            fold = LSHParams(banding["bands"], banding["rows"], "fold")
+            scheme = "fold" if version == 1 else banding["keys"]
+            params = LSHParams(banding["bands"], banding["rows"], scheme)
             docs = env.open_db(codec.DOCS_DB, txn=txn, create=False)
             ids, sigs = [], []
             for raw_id, record in txn.cursor(db=docs):
                 ids.append(bytes(raw_id))
                 sigs.append(codec.decode_signature(bytes(record)))
-            keys = band_keys(np.stack(sigs), fold, meta["config"]["seed"])
-            for band in range(fold.bands):
+            keys = band_keys(np.stack(sigs), params, meta["config"]["seed"])
+            for band in range(params.bands):
                 name = codec.band_table_name(banding["generation"], band)
                 table = env.open_db(name, txn=txn, create=False, dupsort=True, dupfixed=True)
                 txn.drop(table, delete=False)
                 for raw_id, key in zip(ids, codec.encode_band_keys(keys[:, band]), strict=True):
                     txn.put(key, raw_id, db=table)
-            del banding["keys"]
+            if version == 1:
+                del banding["keys"]
             txn.put(b"banding", codec.pack_meta(banding), db=meta_db)
-            txn.put(b"format_version", codec.pack_meta(1), db=meta_db)
+            txn.put(b"format_version", codec.pack_meta(version), db=meta_db)
             raw = {name: bytes(txn.get(name.encode(), db=meta_db)) for name in codec.SEALED_META}
             txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
     finally:
         env.close()
 
 
-def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_2(tmp_path: Path) -> None:
+def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_3(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
     near = sigs[:40].copy()
@@ -455,7 +463,7 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_2(tmp_path:
     for path in (current, old):
         with Store.open(path, create=True, num_perm=128, bands=9, rows=13) as store:
             store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
-    rewrite_as_format_1(old)
+    rewrite_as_old_format(old, 1)
     with Store.open(current) as store, store.read() as txn:
         expected = [txn.query(signature=q) for q in queries]
         assert txn.query_many(signatures=queries) == expected
@@ -478,8 +486,57 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_2(tmp_path:
     with Store.open(old) as store:  # what the rebuild wrote is what reopening reads
         assert store.banding.keys == "multilinear"
         with store.read() as txn:
-            assert store._read_meta(txn.txn, "format_version") == 2
+            assert store._read_meta(txn.txn, "format_version") == 3
             assert store._read_meta(txn.txn, "banding")["keys"] == "multilinear"
+
+
+def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(12)
+    sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
+    sigs[100:200, :13] = 5  # one bucket of 100 documents in band 0
+    near = sigs[:40].copy()
+    near[:, 13:26] = 9
+    queries = np.concatenate([near, rng.integers(0, 2**32, size=(10, 128), dtype=np.uint32)])
+    current, old = tmp_path / "current", tmp_path / "old"
+    for path in (current, old):
+        with Store.open(path, create=True, num_perm=128, bands=9, rows=13) as store:
+            store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+    rewrite_as_old_format(old, 2)
+    with Store.open(current) as store, store.read() as txn:
+        expected = [txn.query(signature=q) for q in queries]
+        assert txn.query_many(signatures=queries) == expected
+        current_stats = store.stats()
+    assert sum(len(m) for m in expected) >= 40
+
+    with Store.open(old) as store:
+        assert store.check().ok
+        with store.read() as txn:
+            assert [txn.query(signature=q) for q in queries] == expected
+            assert txn.query_many(signatures=queries) == expected
+        assert [b.entries for b in store.stats().bands] == [b.entries for b in current_stats.bands]
+        assert store.stats().bands[0].histogram == current_stats.bands[0].histogram
+        store.add_signatures([("late", near[0]), ("later", near[1])])
+        store.remove("d7")
+        assert store.check().ok
+        assert [m.key for m in store.query(signature=near[0])][:2] == ["late", "d0"]
+    # What this release wrote into the format 2 store is in the format 2 layout.
+    tables = raw_dump(old)
+    entries = [v for name, t in tables.items() if name.startswith(b"band.") for _, v in t]
+    assert {len(value) for value in entries} == {8}
+    assert len(entries) == 9 * 301
+
+    with Store.open(old) as store:
+        store.rebuild(bands=9, rows=13)
+        assert store.check().ok
+        with store.read() as txn:
+            assert store._read_meta(txn.txn, "format_version") == 3
+            assert [txn.query(signature=q) for q in queries[40:]] == expected[40:]
+    tables = raw_dump(old)
+    entries = [(k, v) for name, t in tables.items() if name.startswith(b"band.1.") for k, v in t]
+    assert {(len(k), len(v)) for k, v in entries} == {(1, 15)}
+    assert len(entries) == 9 * 301
 
 
 @pytest.mark.parametrize(

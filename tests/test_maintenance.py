@@ -17,7 +17,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from harness import LineDrivenProcess, raw_dump
+from harness import LineDrivenProcess, band_table_entry, raw_dump
 
 from neardup_store import codec, integrity, maintenance
 from neardup_store.clusters import duplicate_groups, verified_pairs
@@ -198,16 +198,19 @@ def _delete(path: Path, table: bytes, key: bytes, value: bytes = b"") -> None:
 
 
 def _wrong_bucket(path: Path) -> None:
-    _put(path, codec.band_table_name(0, 0), b"\x01" * 8, _doc_id(path, "doc-0003"))
+    entry = band_table_entry(b"\x01" * 8, _doc_id(path, "doc-0003"))
+    _put(path, codec.band_table_name(0, 0), *entry)
 
 
 def _dangling_band_entry(path: Path) -> None:
-    _put(path, codec.band_table_name(0, 1), b"\x02" * 8, codec.encode_id(999_999))
+    _put(
+        path, codec.band_table_name(0, 1), *band_table_entry(b"\x02" * 8, codec.encode_id(999_999))
+    )
 
 
 def _missing_band_entry(path: Path) -> None:
-    band_key = _band_key(path, "doc-0005", 2)
-    _delete(path, codec.band_table_name(0, 2), band_key, _doc_id(path, "doc-0005"))
+    entry = band_table_entry(_band_key(path, "doc-0005", 2), _doc_id(path, "doc-0005"))
+    _delete(path, codec.band_table_name(0, 2), *entry)
 
 
 def _missing_key_entry(path: Path) -> None:
@@ -536,13 +539,14 @@ def test_rebuild_with_a_new_threshold(store: Store, corpus: DemoCorpus) -> None:
         names = [bytes(k) for k, _ in txn.cursor()]
         assert not [n for n in names if n.startswith(b"band.0.")]
         assert len([n for n in names if n.startswith(b"band.1.")]) == store.banding.bands
-        # The rewritten tables follow the format: big-endian band key -> big-endian id.
+        # The rewritten tables follow the format: big-endian band key and id, split as
+        # format 3 says.
         doc_id = bytes(txn.get(b"sdoc-0004", db=dbs[codec.KEYS_DB]))
         signature = codec.decode_signature(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
         expected = band_keys(signature, store.banding, store.config.seed)[0]
         for band, value in enumerate(expected):
             with txn.cursor(db=dbs[codec.band_table_name(1, band)]) as cursor:
-                assert cursor.set_key_dup(int(value).to_bytes(8, "big"), doc_id)
+                assert cursor.set_key_dup(*band_table_entry(int(value).to_bytes(8, "big"), doc_id))
 
 
 def test_rebuild_to_many_more_bands_reopens_the_environment(
