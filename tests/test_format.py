@@ -19,7 +19,7 @@ import msgpack
 import numpy as np
 import pytest
 import xxhash
-from harness import raw_dump
+from harness import band_table_entry, raw_dump
 
 from neardup_store import codec
 from neardup_store._version import __version__
@@ -199,6 +199,66 @@ def test_band_keys_and_table_names() -> None:
     assert codec.band_table_name(0, 0) == b"band.0.0000"
     assert codec.band_table_name(3, 42) == b"band.3.0042"
     assert codec.band_table_name(12, 9999) == b"band.12.9999"
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_band_table_entries_follow_the_layout_of_their_format(version: int) -> None:
+    layout = codec.band_layout(version)
+    keys = np.array([0x0102030405060708, 0x01FFFFFFFFFFFFFF, 0x0102030405060708, 5],
+                    dtype=np.uint64)  # fmt: skip
+    ids = np.array([9, 3, 2, 2**64 - 1], dtype=np.uint64)
+    entries = list(layout.entries(keys, ids))
+    if version == 3:  # first byte, then the other seven and the id (pinned by hand)
+        assert entries == [
+            (bytes.fromhex("00"), bytes.fromhex("00000000000005ffffffffffffffff")),
+            (bytes.fromhex("01"), bytes.fromhex("020304050607080000000000000002")),
+            (bytes.fromhex("01"), bytes.fromhex("020304050607080000000000000009")),
+            (bytes.fromhex("01"), bytes.fromhex("ffffffffffffff0000000000000003")),
+        ]
+    else:
+        assert entries == [
+            (bytes.fromhex("0000000000000005"), bytes.fromhex("ffffffffffffffff")),
+            (bytes.fromhex("0102030405060708"), bytes.fromhex("0000000000000002")),
+            (bytes.fromhex("0102030405060708"), bytes.fromhex("0000000000000009")),
+            (bytes.fromhex("01ffffffffffffff"), bytes.fromhex("0000000000000003")),
+        ]
+    # The table's order (key, then value) is the order of (band key, id).
+    assert entries == sorted(entries)
+    for key, value in entries:
+        band_key, doc_id = layout.split(key, value)
+        assert layout.entry(band_key, doc_id) == (key, value)
+        assert band_table_entry(band_key, doc_id, version) == (key, value)
+
+
+def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path) -> None:
+    """Buckets sharing a table key sit side by side in one run of values: a lookup must
+    stop at its own band key's last entry, and a band key that is absent (between two
+    stored ones, or past the last) finds nothing."""
+    rng = np.random.default_rng(5)
+    sigs = rng.integers(0, 2**32, size=(3000, 8), dtype=np.uint32)
+    sigs[::7, :4] = sigs[0, :4]  # a bucket of 429 documents in band 0
+    sigs[1::50, :4] = 11  # and one of 60
+    sigs[2::40, 4:] = 12  # a bucket of 75 in band 1
+    with Store.open(tmp_path / "s", create=True, num_perm=8, bands=2, rows=4) as store:
+        store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+        store.remove_many(f"d{i}" for i in range(0, 3000, 13))  # removals in the middle of runs
+        kept = [i for i in range(3000) if i % 13]
+        keys = band_keys(sigs[kept], store.banding, store.config.seed)
+        with store.read() as txn:
+            ids = {i: txn._lookup(f"d{i}")[0] for i in kept}  # type: ignore[index]
+            for band in range(2):
+                expected: dict[bytes, set[bytes]] = {}
+                for doc, key in zip(kept, codec.encode_band_keys(keys[:, band]), strict=True):
+                    expected.setdefault(key, set()).add(ids[doc])
+                assert max(len(found) for found in expected.values()) >= 60
+                for key, found in expected.items():
+                    bucket = txn._bucket(band, key)
+                    assert sorted(bucket) == sorted(found) and len(bucket) == len(found)
+                    below = (int.from_bytes(key, "big") - 1).to_bytes(8, "big")
+                    above = (int.from_bytes(key, "big") + 1).to_bytes(8, "big")
+                    for absent in (below, above):
+                        assert txn._bucket(band, absent) == sorted(expected.get(absent, ()))
+                assert txn._bucket(band, b"\xff" * 8) == sorted(expected.get(b"\xff" * 8, ()))
 
 
 # -- meta values and the export stream ---------------------------------------------------------
