@@ -678,6 +678,8 @@ class Store:
                 "signatures", f"{array.dtype} array of shape {array.shape}",
                 f"integers of shape (n, {num_perm}) made with this store's configuration",
             )  # fmt: skip
+        if array.dtype == np.uint32:
+            return np.ascontiguousarray(array)  # in range by its type; no copy of a batch
         if array.size and (array.min() < 0 or array.max() > 0xFFFFFFFF):
             raise InvalidParameterError("signatures", "values out of range", "uint32 values")
         return array.astype(np.uint32)
