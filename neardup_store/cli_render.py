@@ -166,6 +166,7 @@ def render_stats(stats: StoreStats, as_json: bool) -> None:
     base = {
         "documents": stats.documents,
         "generation": stats.generation,
+        "format_version": stats.format_version,
         "file_bytes": stats.file_bytes,
         "used_bytes": stats.used_bytes,
         "free_bytes": stats.free_bytes,

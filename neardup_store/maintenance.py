@@ -129,6 +129,8 @@ class StoreStats:
 
     Attributes:
         params: :meth:`StoreParams.flat` of the store.
+        format_version: the store's on-disk format. Stores made by an older release keep
+            theirs (and its band table layout) until a :func:`rebuild`.
         file_bytes: size of ``data.mdb``.
         map_size: the LMDB map size (address space reserved, not disk used).
         used_bytes: pages up to the highest one in use, times the page size.
@@ -147,6 +149,7 @@ class StoreStats:
     documents: int
     params: dict[str, Any]
     generation: int
+    format_version: int
     file_bytes: int
     map_size: int
     used_bytes: int
@@ -374,6 +377,7 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
             documents=len(reader),
             params=store.params.flat(),
             generation=int(store._read_meta(txn, "banding")["generation"]),
+            format_version=int(store._read_meta(txn, "format_version")),
             file_bytes=(store.path / "data.mdb").stat().st_size,
             map_size=int(info["map_size"]),
             used_bytes=(last_pgno + 1) * page_size,

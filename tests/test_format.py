@@ -577,6 +577,7 @@ def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
             assert txn.query_many(signatures=queries) == expected
         assert [b.entries for b in store.stats().bands] == [b.entries for b in current_stats.bands]
         assert store.stats().bands[0].histogram == current_stats.bands[0].histogram
+        assert (store.stats().format_version, current_stats.format_version) == (2, 3)
         store.add_signatures([("late", near[0]), ("later", near[1])])
         store.remove("d7")
         assert store.check().ok
@@ -593,6 +594,7 @@ def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
         with store.read() as txn:
             assert store._read_meta(txn.txn, "format_version") == 3
             assert [txn.query(signature=q) for q in queries[40:]] == expected[40:]
+        assert store.stats().format_version == 3
     tables = raw_dump(old)
     entries = [(k, v) for name, t in tables.items() if name.startswith(b"band.1.") for k, v in t]
     assert {(len(k), len(v)) for k, v in entries} == {(1, 15)}
