@@ -513,21 +513,30 @@ def rewrite_as_old_format(path: Path, version: int) -> None:
         env.close()
 
 
+def twin_stores(
+    tmp_path: Path, sigs: np.ndarray, queries: np.ndarray, version: int
+) -> tuple[Path, Path, list[list[Any]]]:
+    """The same documents in a store of this release and in one rewritten as format
+    ``version``: both paths, and the current store's answers to ``queries``."""
+    current, old = tmp_path / "current", tmp_path / "old"
+    for path in (current, old):
+        with Store.open(path, create=True, num_perm=128, bands=9, rows=13) as store:
+            store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+    rewrite_as_old_format(old, version)
+    with Store.open(current) as store, store.read() as txn:
+        expected = [txn.query(signature=q) for q in queries]
+        assert txn.query_many(signatures=queries) == expected
+    assert sum(len(m) for m in expected) >= 40  # every near copy finds its original
+    return current, old, expected
+
+
 def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_3(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
     near = sigs[:40].copy()
     near[:, :13] = 7  # the first band changed: 115 of 128 values still agree
     queries = np.concatenate([near, rng.integers(0, 2**32, size=(10, 128), dtype=np.uint32)])
-    current, old = tmp_path / "current", tmp_path / "old"
-    for path in (current, old):
-        with Store.open(path, create=True, num_perm=128, bands=9, rows=13) as store:
-            store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
-    rewrite_as_old_format(old, 1)
-    with Store.open(current) as store, store.read() as txn:
-        expected = [txn.query(signature=q) for q in queries]
-        assert txn.query_many(signatures=queries) == expected
-    assert sum(len(m) for m in expected) >= 40  # every near copy finds its original
+    _, old, expected = twin_stores(tmp_path, sigs, queries, 1)
 
     with Store.open(old) as store:
         assert store.banding.keys == "fold" and store.check().ok
@@ -559,16 +568,9 @@ def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
     near = sigs[:40].copy()
     near[:, 13:26] = 9
     queries = np.concatenate([near, rng.integers(0, 2**32, size=(10, 128), dtype=np.uint32)])
-    current, old = tmp_path / "current", tmp_path / "old"
-    for path in (current, old):
-        with Store.open(path, create=True, num_perm=128, bands=9, rows=13) as store:
-            store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
-    rewrite_as_old_format(old, 2)
-    with Store.open(current) as store, store.read() as txn:
-        expected = [txn.query(signature=q) for q in queries]
-        assert txn.query_many(signatures=queries) == expected
+    current, old, expected = twin_stores(tmp_path, sigs, queries, 2)
+    with Store.open(current) as store:
         current_stats = store.stats()
-    assert sum(len(m) for m in expected) >= 40
 
     with Store.open(old) as store:
         assert store.check().ok
