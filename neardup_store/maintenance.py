@@ -336,7 +336,7 @@ def _table_pages(store: Store, txn: lmdb.Transaction) -> int:
 def stats(store: Store, largest: int = 5) -> StoreStats:
     """Sizes, counters and the bucket-size distribution of every band, from one snapshot.
 
-    It walks every band key of every band, so it costs about as much as reading the
+    It walks every entry of every band table, so it costs about as much as reading the
     band tables once.
 
     Args:
