@@ -1,0 +1,96 @@
+"""Store figures without a profiler, from any checkout, for A/B runs of two versions.
+
+    git worktree add /tmp/before c5cb11e
+    taskset -c 1 python tools/ab_store.py --repo /tmp/before --documents 1000000
+    taskset -c 1 python tools/ab_store.py --documents 1000000
+
+Builds a store of seeded random signatures like the benchmark's (num_perm 128, 9 x 13
+bands, 10k documents per transaction, ``durable=False``) with the ``neardup_store`` of
+``--repo`` (default: this checkout), and prints one JSON line: the ingest rate (median
+over the second half of the batches, as the benchmark's checkpoints), each table's pages
+per document (``txn.stat``) and the file up to its last page, single-query p50 (2000
+fresh signatures, third pass), and batched removal of 2 % of the documents spread over
+the store (10k per transaction). Runs minutes apart differ by 10-30 % on a shared host,
+so alternate the two checkouts and compare runs made side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BATCH = 10_000
+OPTIONS = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
+
+
+def _pages(stat: dict[str, int]) -> int:
+    return stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+
+
+def measure(documents: int, seed: int, directory: Path) -> dict[str, Any]:
+    from neardup_store import Store, codec
+
+    rng = np.random.default_rng(seed)
+    rates = []
+    result: dict[str, Any] = {"format_version": codec.FORMAT_VERSION, "documents": documents}
+    with Store.open(directory / "store", create=True, durable=False, **OPTIONS) as store:
+        for lo in range(0, documents, BATCH):
+            sigs = rng.integers(0, 2**32, size=(BATCH, 128), dtype=np.uint32)
+            items = [(f"d{lo + i}", sig) for i, sig in enumerate(sigs)]
+            start = time.perf_counter()
+            store.add_signatures(items, batch_size=None)
+            rates.append(BATCH / (time.perf_counter() - start))
+        result["ingest_docs_per_s"] = statistics.median(rates[len(rates) // 2 :])
+        env = store._env
+        page = int(env.stat()["psize"])
+        tables = {"docs": store._docs_db, "keys": store._keys_db}
+        with store.read() as reader:
+            sizes = {name: _pages(reader.txn.stat(db)) for name, db in tables.items()}
+            sizes["bands"] = sum(_pages(reader.txn.stat(db)) for db in store._band_dbs)
+            result["table_bytes_per_doc"] = {k: v * page / documents for k, v in sizes.items()}
+            result["file_bytes_per_doc"] = (int(env.info()["last_pgno"]) + 1) * page / documents
+            queries = rng.integers(0, 2**32, size=(2000, 128), dtype=np.uint32)
+            for _ in range(3):
+                times = []
+                for sig in queries:
+                    start = time.perf_counter()
+                    reader.query(signature=sig)
+                    times.append(time.perf_counter() - start)
+            result["query_p50_us"] = float(np.percentile(times, 50) * 1e6)
+        keys = [f"d{i}" for i in range(0, documents, 50)]
+        start = time.perf_counter()
+        for lo in range(0, len(keys), BATCH):
+            store.remove_many(keys[lo : lo + BATCH])
+        result["remove_per_s"] = len(keys) / (time.perf_counter() - start)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parent.parent,
+                        help="checkout whose neardup_store is measured")  # fmt: skip
+    parser.add_argument("--documents", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(args.repo.resolve()))
+    documents = args.documents - args.documents % BATCH
+    with tempfile.TemporaryDirectory(prefix="neardup-ab-") as scratch:
+        result = measure(documents, args.seed, Path(scratch))
+    import neardup_store
+
+    result["package"] = str(Path(neardup_store.__file__).parent)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
