@@ -8,10 +8,10 @@ values are little-endian.
 ``meta`` — text key → msgpack value
     ``format``           the string ``"neardup_store"``: marks the environment as a store.
     ``format_version``   int, :data:`FORMAT_VERSION` of the writer; this release also reads
-                         and writes format 1 and 2 stores (:data:`READABLE_FORMATS`).
-                         Format 2 differs only in the layout of the band tables; format 1
-                         also in its band keys. A rebuild moves a store to the current
-                         format.
+                         and writes format 1, 2 and 3 stores (:data:`READABLE_FORMATS`).
+                         Formats 2 and 3 differ only in the layout of the band tables;
+                         format 1 also in its band keys. A rebuild moves a store to the
+                         current format.
     ``package_version``  str, the neardup_store release that created the store.
     ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``.
     ``config``           map, :meth:`MinHashConfig.to_dict` (num_perm, scheme, seed and the
@@ -56,19 +56,25 @@ values are little-endian.
     Each document has one entry per band: its band key (an 8-byte big-endian uint64) and
     its id. The tables are duplicate-sorted with fixed-size values, so an entry's place is
     the band key followed by the id, and the entries of one band key (its bucket) are
-    adjacent. The :class:`BandLayout` of the store's format says where the band key's
-    bytes go:
+    adjacent. The :class:`BandLayout` of the store's format says which bytes of the two
+    are kept and where they go:
 
-    * format 3: the table key is the band key's first byte; the value (15 bytes) is the
-      other 7 bytes followed by the id. A table therefore has at most 256 keys, each
-      holding its entries as LMDB's packed fixed-size duplicates (15 bytes each, no
-      per-entry node header): 56 % of the pages of the older layout at 1M documents. Fewer
-      pages means fewer pages copied on write by each batch, the main cost of ingest and
-      removal (``tools/README.md``, "Where the time goes").
+    * format 4: the table key is the band key's first byte; the value (9 bytes) is the
+      band key's next 4 bytes followed by the id's last 5. A table has at most 256 keys,
+      each holding its entries as LMDB's packed fixed-size duplicates (no per-entry node
+      header). A bucket is thus named by the band key's first 5 bytes (40 bits): band keys
+      that differ only after them share a bucket, and their documents become candidates
+      of each other's queries, verified like any other (about one in 10^5 lookups at 10M
+      documents). Ids are below 2^40; a store that has handed out that many refuses
+      further adds with :class:`~.errors.IdsExhaustedError`.
+    * format 3: as format 4, keeping all of both: the value (15 bytes) is the band key's
+      other 7 bytes followed by the whole id.
     * formats 1 and 2: the table key is the whole band key; the value is the id (8 bytes).
 
-    Adding or removing a document touches one entry per band. A rebuild writes a new
-    generation in the current layout and drops the old one in the same transaction.
+    Fewer bytes per entry means fewer pages, and fewer pages copied on write by each
+    batch: the main cost of ingest and removal (``tools/README.md``, "Where the time
+    goes"). Adding or removing a document touches one entry per band. A rebuild writes a
+    new generation in the current layout and drops the old one in the same transaction.
 
 Export stream (:func:`export_header`, :func:`export_record`): a sequence of msgpack
 objects. First a header map ``{"format": "neardup_store-export", "version": 1, "config":
@@ -99,8 +105,8 @@ from .errors import CorruptRecordError, InvalidKeyError, MetadataError
 from .lsh import LSHParams
 
 FORMAT_NAME = "neardup_store"
-FORMAT_VERSION = 3
-READABLE_FORMATS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_FORMATS = (1, 2, 3, 4)
 RECORD_VERSION = 1
 EXPORT_FORMAT = "neardup_store-export"
 EXPORT_VERSION = 1
@@ -171,43 +177,64 @@ def banding_from_meta(value: Any, format_version: int) -> tuple[LSHParams, float
 
 @dataclass(frozen=True)
 class BandLayout:
-    """Where a band entry's 16 bytes (band key, then document id, big-endian) go in a band
-    table: the first ``key_bytes`` form the table key, the rest the fixed-size value.
+    """Where a band entry (band key, then document id, 8 bytes each, big-endian) goes in a
+    band table: the first ``key_bytes`` of the band key form the table key; the value is
+    the rest of the band key's first ``band_key_bytes`` followed by the id's last
+    ``id_bytes``.
 
-    Every split keeps the table's order equal to the order of (band key, id), so one
-    sorted batch of entries is sorted for the table, whatever the layout.
+    The table's order is therefore the order of (kept band key bytes, id), and the entries
+    of one bucket are adjacent. Dropping the band key's last bytes merges buckets whose
+    keys share their first ``band_key_bytes`` (a few spurious candidates, each verified
+    like any other); dropping the id's first bytes bounds the ids (:attr:`id_limit`).
     """
 
     key_bytes: int
+    band_key_bytes: int = 8
+    id_bytes: int = 8
 
     @property
     def lead_bytes(self) -> int:
         """How many bytes of the band key lead the value."""
-        return 8 - self.key_bytes
+        return self.band_key_bytes - self.key_bytes
+
+    @property
+    def id_limit(self) -> int:
+        """One more than the largest document id the layout can hold."""
+        return 1 << (8 * self.id_bytes)
+
+    def bucket(self, band_key: bytes) -> tuple[bytes, bytes]:
+        """``(table key, value lead)`` of ``band_key``'s bucket (8 bytes, or as kept)."""
+        return band_key[: self.key_bytes], band_key[self.key_bytes : self.band_key_bytes]
 
     def entry(self, band_key: bytes, doc_id: bytes) -> tuple[bytes, bytes]:
         """The ``(table key, value)`` of one document's entry."""
-        return band_key[: self.key_bytes], band_key[self.key_bytes :] + doc_id
+        key, lead = self.bucket(band_key)
+        return key, lead + doc_id[8 - self.id_bytes :]
 
     def entries(
         self, band_keys: npt.NDArray[np.uint64], ids: npt.NDArray[np.uint64]
     ) -> Iterator[tuple[bytes, bytes]]:
         """The entries of documents ``ids`` with ``band_keys`` (one band), in table order."""
-        order = np.lexsort((ids, band_keys))
+        kept = band_keys >> np.uint64(64 - 8 * self.band_key_bytes)
+        order = np.lexsort((ids, kept))
         pairs = np.empty((len(order), 2), dtype=">u8")
         pairs[:, 0], pairs[:, 1] = band_keys[order], ids[order]
         raw = pairs.view(np.uint8)
         cut = self.key_bytes
+        columns = np.r_[cut : self.band_key_bytes, 16 - self.id_bytes : 16]
         keys = np.ascontiguousarray(raw[:, :cut]).view(f"V{cut}").ravel().tolist()
-        values = np.ascontiguousarray(raw[:, cut:]).view(f"V{16 - cut}").ravel().tolist()
+        values = np.ascontiguousarray(raw[:, columns]).view(f"V{len(columns)}").ravel().tolist()
         return zip(keys, values, strict=True)
 
     def split(self, key: bytes, value: bytes) -> tuple[bytes, bytes]:
-        """``(band key, id)`` of a stored entry."""
+        """``(band key as kept, 8-byte id)`` of a stored entry."""
         lead = self.lead_bytes
-        return bytes(key) + bytes(value[:lead]), bytes(value[lead:])
+        return bytes(key) + bytes(value[:lead]), bytes(8 - self.id_bytes) + bytes(value[lead:])
 
 
+PACKED_BAND_ENTRIES = BandLayout(key_bytes=1, band_key_bytes=5, id_bytes=5)
+"""Format 4: 256 table keys, each holding packed 9-byte values (40-bit band keys, 40-bit
+ids)."""
 SPLIT_BAND_KEYS = BandLayout(key_bytes=1)
 """Format 3: 256 table keys, each holding packed 15-byte values."""
 WHOLE_BAND_KEYS = BandLayout(key_bytes=8)
@@ -216,7 +243,9 @@ WHOLE_BAND_KEYS = BandLayout(key_bytes=8)
 
 def band_layout(format_version: int) -> BandLayout:
     """The band table layout of a store of ``format_version``."""
-    return SPLIT_BAND_KEYS if format_version >= 3 else WHOLE_BAND_KEYS
+    if format_version >= 4:
+        return PACKED_BAND_ENTRIES
+    return SPLIT_BAND_KEYS if format_version == 3 else WHOLE_BAND_KEYS
 
 
 def encode_id(doc_id: int) -> bytes:

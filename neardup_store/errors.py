@@ -185,6 +185,20 @@ class StoreFullError(NeardupError, OSError):
         self.path, self.detail = path, detail
 
 
+class IdsExhaustedError(NeardupError, OverflowError):
+    """The store has handed out every document id its format can hold (ids are never
+    reused): the transaction was rolled back."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(
+            f"{path}: the store has handed out all {limit:,} document ids its format can "
+            "hold (ids are never reused); nothing of this transaction was written. Export "
+            "the store and import the export into a new one (neardup-admin export, then "
+            "import), which numbers the documents from 0 again"
+        )
+        self.path, self.limit = path, limit
+
+
 class StoreIOError(NeardupError, OSError):
     """The device reported an I/O error while a transaction was written: rolled back."""
 

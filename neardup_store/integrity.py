@@ -231,7 +231,7 @@ class _Checker:
     # -- documents -----------------------------------------------------------------------
 
     def documents(self, next_id: int | None) -> None:
-        num_perm = self.store.config.num_perm
+        num_perm, id_limit = self.store.config.num_perm, self.store._band_layout.id_limit
         batch: list[tuple[bytes, npt.NDArray[np.uint32]]] = []
         with self.txn.cursor(db=self.store._docs_db) as cursor:
             for raw_id, value in cursor:
@@ -242,6 +242,10 @@ class _Checker:
                     self.bad_ids.add(raw_id)
                     continue
                 doc_id = codec.decode_id(raw_id)
+                if doc_id >= id_limit:  # its band entries would name another id
+                    self.add("doc-id", f"id {doc_id} is beyond the format's {id_limit:,}", doc_id)
+                    self.bad_ids.add(raw_id)
+                    continue
                 if next_id is not None and doc_id >= next_id:
                     self.add("doc-id", f"id {doc_id} is not below next_doc_id {next_id}", doc_id)
                 try:
@@ -336,8 +340,9 @@ class _Checker:
                 continue
             store = self.store
             actual = band_keys(np.stack(sigs), store.banding, store.config.seed)[:, band]
+            kept = store._band_layout.band_key_bytes
             for (band_key, raw_id), key in zip(ids, codec.encode_band_keys(actual), strict=True):
-                if key != band_key:
+                if key[:kept] != band_key:
                     doc_id = codec.decode_id(raw_id)
                     self.add(
                         "band-orphan",
@@ -415,8 +420,8 @@ def _rederive(store: Store) -> Any:
         for batch in _table_batches(txn, store._docs_db):
             ids, sigs = [], []
             for raw_id, value in batch:
-                if len(raw_id) != 8:
-                    continue
+                if len(raw_id) != 8 or codec.decode_id(raw_id) >= store._band_layout.id_limit:
+                    continue  # a record with a bad id cannot be indexed: it stays reported
                 try:  # an undecodable record cannot be indexed: it stays reported
                     record = codec.decode_record(value, codec.decode_id(raw_id))
                     raw, is_str = codec.key_bytes(record.key)

@@ -36,7 +36,7 @@ import lmdb
 import numpy as np
 
 from . import codec
-from .errors import InvalidParameterError, StoreBusyError
+from .errors import IdsExhaustedError, InvalidParameterError, StoreBusyError
 from .integrity import (
     VIOLATION_KINDS,
     CheckReport,
@@ -697,6 +697,9 @@ def _rebanding(
 
     def run(writer: WriteTxn) -> int:
         txn, env = writer.txn, store._require_env()
+        layout = codec.band_layout(codec.FORMAT_VERSION)
+        if store._read_meta(txn, "next_doc_id") > layout.id_limit:  # ids it cannot hold
+            raise IdsExhaustedError(str(store.path), layout.id_limit)
         # Drop first: a dropped table's handle slot is free at once, for the new tables.
         for band in range(store.banding.bands):  # the store is still on the old generation
             name = codec.band_table_name(store._generation, band)
@@ -708,7 +711,6 @@ def _rebanding(
             )
             txn.drop(db, delete=False)  # a leftover table of that name must not add entries
             new_dbs.append(db)
-        layout = codec.band_layout(codec.FORMAT_VERSION)
         count = 0
         for batch in _table_batches(txn, store._docs_db, BATCH):
             ids = [raw_id for raw_id, _ in batch]

@@ -27,6 +27,7 @@ from . import _faults, codec
 from .errors import (
     CorruptRecordError,
     DuplicateKeyError,
+    IdsExhaustedError,
     InvalidParameterError,
     KeyNotFoundError,
     StoreClosedError,
@@ -90,9 +91,6 @@ class UniqueResult:
     key: Key
     added: bool
     matches: list[Match]
-
-
-_FIRST_ID = bytes(8)  # the smallest document id, to seek the start of a bucket
 
 
 class _Prepared(NamedTuple):
@@ -393,22 +391,23 @@ class ReadTxn:
 
         The same steps serve every :class:`~neardup_store.codec.BandLayout`: seek the
         first entry at or after (band key, id 0), then read values while they lead with
-        the band key's bytes that are not in the table key (none when the table key is the
-        whole band key).
+        the band key's kept bytes that are not in the table key (none when the table key
+        is the whole band key).
         """
         cursor = self._band_cursor(band)
-        cut = self._store._band_layout.key_bytes
-        lead = band_key[cut:]
-        if not cursor.set_range_dup(band_key[:cut], lead + _FIRST_ID):
+        layout = self._store._band_layout
+        table_key, lead = layout.bucket(band_key)
+        if not cursor.set_range_dup(table_key, lead + bytes(layout.id_bytes)):
             return []
         width = len(lead)
         if cursor.value()[:width] != lead:  # the usual miss, told without an iterator
             return []
+        pad = bytes(8 - layout.id_bytes)  # the id's leading zero bytes the layout drops
         ids = []
         for value in cursor.iternext_dup(keys=False, values=True):
             if value[:width] != lead:
                 break
-            ids.append(value[width:])
+            ids.append(pad + value[width:])
         return ids
 
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
@@ -566,6 +565,9 @@ class WriteTxn(ReadTxn):
         """The next ``count`` document ids (consecutive, never reused)."""
         if self._next_id is None:
             self._next_id = self._store._read_meta(self.txn, "next_doc_id")
+        limit = self._store._band_layout.id_limit
+        if self._next_id + count > limit:
+            raise IdsExhaustedError(str(self._store.path), limit)
         first, self._next_id = self._next_id, self._next_id + count
         return np.arange(first, first + count, dtype=np.uint64)
 

@@ -48,10 +48,13 @@ def band_table_entry(
     band_key: bytes, doc_id: bytes, format_version: int = codec.FORMAT_VERSION
 ) -> tuple[bytes, bytes]:
     """The ``(table key, value)`` holding a band entry, restated from ``codec``'s docstring
-    so that the tests do not take the layout from the code they test: format 3 keys by the
-    band key's first byte and leads the value with its other seven; older formats key by
-    the whole band key."""
-    if format_version >= 3:
+    so that the tests do not take the layout from the code they test: format 4 keys by the
+    band key's first byte and puts its next four, then the id's last five, in the value;
+    format 3 keys by the first byte and leads the value with the other seven; older
+    formats key by the whole band key."""
+    if format_version >= 4:
+        return band_key[:1], band_key[1:5] + doc_id[3:]
+    if format_version == 3:
         return band_key[:1], band_key[1:] + doc_id
     return band_key, doc_id
 
@@ -59,10 +62,18 @@ def band_table_entry(
 def band_entry_of(
     key: bytes, value: bytes, format_version: int = codec.FORMAT_VERSION
 ) -> tuple[bytes, bytes]:
-    """``(band key, document id)`` of a stored band table entry (see :func:`band_table_entry`)."""
-    if format_version >= 3:
+    """``(band key as kept, document id)`` of a stored band table entry (see
+    :func:`band_table_entry` and :func:`kept_band_key`)."""
+    if format_version >= 4:
+        return key + value[:4], bytes(3) + value[4:]
+    if format_version == 3:
         return key + value[:7], value[7:]
     return key, value
+
+
+def kept_band_key(band_key: bytes, format_version: int = codec.FORMAT_VERSION) -> bytes:
+    """The bytes of an 8-byte band key that a store of ``format_version`` keeps."""
+    return band_key[:5] if format_version >= 4 else band_key
 
 
 def format_version_of(tables: dict[bytes, list[tuple[bytes, bytes]]]) -> int:
@@ -171,15 +182,17 @@ class Model:
     def remove(self, key: Key) -> None:
         del self.documents[key]
 
-    def band_entries(self) -> dict[int, list[tuple[bytes, Key]]]:
-        """Each band's (band key, document key) entries the store must hold, sorted."""
+    def band_entries(
+        self, format_version: int = codec.FORMAT_VERSION
+    ) -> dict[int, list[tuple[bytes, Key]]]:
+        """Each band's (band key as kept, document key) entries the store must hold, sorted."""
         bands: dict[int, list[tuple[bytes, Key]]] = {i: [] for i in range(self.banding.bands)}
         if self.documents:
             keys = list(self.documents)
             sigs = np.stack([self.documents[k][0] for k in keys])
             for key, row in zip(keys, band_keys(sigs, self.banding, self.seed), strict=True):
                 for index, band_key in enumerate(codec.encode_band_keys(row)):
-                    bands[index].append((band_key, key))
+                    bands[index].append((kept_band_key(band_key, format_version), key))
         return {i: sorted(entries, key=_sort_key) for i, entries in bands.items()}
 
     def query(
@@ -190,16 +203,21 @@ class Model:
         Ties are broken by insertion order, as the store breaks them by internal id.
         """
         sig = np.asarray(signature, dtype=np.uint32)
-        mine = codec.encode_band_keys(band_keys(sig[None, :], self.banding, self.seed)[0])
+        mine = self._kept_band_keys(sig)
         found = []
         for order, (key, (stored, _)) in enumerate(self.documents.items()):
-            theirs = codec.encode_band_keys(band_keys(stored[None, :], self.banding, self.seed)[0])
+            theirs = self._kept_band_keys(stored)
             if any(a == b for a, b in zip(mine, theirs, strict=True)):
                 score = float((stored == sig).mean())
                 if score >= threshold:
                     found.append((-score, order, key))
         found.sort()
         return [(key, -neg) for neg, _, key in found[:limit]]
+
+    def _kept_band_keys(self, signature: npt.NDArray[np.uint32]) -> list[bytes]:
+        """The signature's band keys as a current store keeps them (its buckets)."""
+        row = band_keys(signature[None, :], self.banding, self.seed)[0]
+        return [kept_band_key(band_key) for band_key in codec.encode_band_keys(row)]
 
     def differences(self, path: str | Path) -> list[str]:
         """How the store at ``path`` differs from the model (empty when it matches)."""
@@ -220,7 +238,7 @@ class Model:
                     problems.append(f"signature of {key!r} differs")
                 if stored[key][1] != metadata:
                     problems.append(f"metadata of {key!r} differs")
-        expected = self.band_entries()
+        expected = self.band_entries(dump["format_version"])
         for index, entries in dump["bands"].items():
             if entries != expected[index]:
                 extra = set(entries) - set(expected[index])
@@ -297,11 +315,12 @@ def _table_agreement(
                 signatures.append(record.signature)
     ids = list(indexes)
     expected: list[set[tuple[bytes, bytes]]] = [set() for _ in range(store.banding.bands)]
+    version = store._format_version
     if ids:
         rows = band_keys(np.stack(signatures), store.banding, store.config.seed)
         for doc_id, row in zip(ids, rows, strict=True):
             for band, band_key in enumerate(codec.encode_band_keys(row)):
-                expected[band].add((band_key, doc_id))
+                expected[band].add((kept_band_key(band_key, version), doc_id))
     with view() as reader, reader.txn.cursor(db=store._keys_db) as cursor:
         key_entries = [(bytes(k), bytes(v)) for k, v in cursor]
     if len(key_entries) != len(ids):
@@ -311,7 +330,6 @@ def _table_agreement(
         problems.append(f"{wrong} key entries name a missing document or another key")
     for band, wanted in enumerate(expected):
         with view() as reader, reader.txn.cursor(db=store._band_dbs[band]) as cursor:
-            version = store._read_meta(reader.txn, "format_version")
             entries = [band_entry_of(bytes(k), bytes(v), version) for k, v in cursor]
         if len(entries) != len(ids):
             problems.append(f"band {band}: {len(entries)} entries for {len(ids)} documents")

@@ -340,7 +340,7 @@ def test_info_and_stats(runner: CliRunner, store_path: Path) -> None:
     assert human.splitlines()[0].split() == ["documents", "5"]
     stats = _jsonl(_run(runner, "stats", store_path, "--json").output)
     assert stats[0]["documents"] == 5 and "free_pages" in stats[0]
-    assert stats[0]["format_version"] == 3
+    assert stats[0]["format_version"] == codec.FORMAT_VERSION
     bands = [r for r in stats if "band" in r]
     assert len(bands) == info["params"]["bands"] and all(r["entries"] == 5 for r in bands)
     assert any("largest_bucket" in r for r in stats)

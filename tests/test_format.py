@@ -19,11 +19,16 @@ import msgpack
 import numpy as np
 import pytest
 import xxhash
-from harness import band_table_entry, raw_dump
+from harness import band_table_entry, kept_band_key, raw_digest, raw_dump
 
 from neardup_store import codec
 from neardup_store._version import __version__
-from neardup_store.errors import CorruptRecordError, CorruptStoreError, MetadataError
+from neardup_store.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    IdsExhaustedError,
+    MetadataError,
+)
 from neardup_store.hashing import derive_keys
 from neardup_store.lsh import LSHParams, band_keys
 from neardup_store.store import Store
@@ -62,8 +67,8 @@ def reseal(body: bytes) -> bytes:
 
 
 def test_format_constants() -> None:
-    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 3
-    assert codec.READABLE_FORMATS == (1, 2, 3)
+    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 4
+    assert codec.READABLE_FORMATS == (1, 2, 3, 4)
     assert codec.RECORD_VERSION == 1
     assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 1
     assert (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB) == (b"meta", b"docs", b"keys")
@@ -201,14 +206,23 @@ def test_band_keys_and_table_names() -> None:
     assert codec.band_table_name(12, 9999) == b"band.12.9999"
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_band_table_entries_follow_the_layout_of_their_format(version: int) -> None:
     layout = codec.band_layout(version)
     keys = np.array([0x0102030405060708, 0x01FFFFFFFFFFFFFF, 0x0102030405060708, 5],
                     dtype=np.uint64)  # fmt: skip
-    ids = np.array([9, 3, 2, 2**64 - 1], dtype=np.uint64)
+    last_id = 2**40 - 1 if version == 4 else 2**64 - 1  # the largest id of the format
+    assert layout.id_limit == last_id + 1
+    ids = np.array([9, 3, 2, last_id], dtype=np.uint64)
     entries = list(layout.entries(keys, ids))
-    if version == 3:  # first byte, then the other seven and the id (pinned by hand)
+    if version == 4:  # first byte, then the next four and the id's last five
+        assert entries == [
+            (bytes.fromhex("00"), bytes.fromhex("00000000ffffffffff")),
+            (bytes.fromhex("01"), bytes.fromhex("020304050000000002")),
+            (bytes.fromhex("01"), bytes.fromhex("020304050000000009")),
+            (bytes.fromhex("01"), bytes.fromhex("ffffffff0000000003")),
+        ]
+    elif version == 3:  # first byte, then the other seven and the id (pinned by hand)
         assert entries == [
             (bytes.fromhex("00"), bytes.fromhex("00000000000005ffffffffffffffff")),
             (bytes.fromhex("01"), bytes.fromhex("020304050607080000000000000002")),
@@ -233,7 +247,8 @@ def test_band_table_entries_follow_the_layout_of_their_format(version: int) -> N
 def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path) -> None:
     """Buckets sharing a table key sit side by side in one run of values: a lookup must
     stop at its own band key's last entry, and a band key that is absent (between two
-    stored ones, or past the last) finds nothing."""
+    stored ones, or past the last) finds nothing. A bucket is named by the band key's
+    kept bytes: band keys that differ only after them find the same bucket."""
     rng = np.random.default_rng(5)
     sigs = rng.integers(0, 2**32, size=(3000, 8), dtype=np.uint32)
     sigs[::7, :4] = sigs[0, :4]  # a bucket of 429 documents in band 0
@@ -244,21 +259,26 @@ def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path)
         store.remove_many(f"d{i}" for i in range(0, 3000, 13))  # removals in the middle of runs
         kept = [i for i in range(3000) if i % 13]
         keys = band_keys(sigs[kept], store.banding, store.config.seed)
+        width = len(kept_band_key(bytes(8)))
         with store.read() as txn:
             ids = {i: txn._lookup(f"d{i}")[0] for i in kept}  # type: ignore[index]
             for band in range(2):
                 expected: dict[bytes, set[bytes]] = {}
                 for doc, key in zip(kept, codec.encode_band_keys(keys[:, band]), strict=True):
-                    expected.setdefault(key, set()).add(ids[doc])
+                    expected.setdefault(kept_band_key(key), set()).add(ids[doc])
                 assert max(len(found) for found in expected.values()) >= 60
-                for key, found in expected.items():
-                    bucket = txn._bucket(band, key)
-                    assert sorted(bucket) == sorted(found) and len(bucket) == len(found)
-                    below = (int.from_bytes(key, "big") - 1).to_bytes(8, "big")
-                    above = (int.from_bytes(key, "big") + 1).to_bytes(8, "big")
+                for prefix, found in expected.items():
+                    for tail in (bytes(8 - width), b"\xff" * (8 - width)):
+                        bucket = txn._bucket(band, prefix + tail)
+                        assert sorted(bucket) == sorted(found) and len(bucket) == len(found)
+                    value = int.from_bytes(prefix, "big")
+                    below = (value - 1).to_bytes(width, "big") + b"\xff" * (8 - width)
+                    above = (value + 1).to_bytes(width, "big") + bytes(8 - width)
                     for absent in (below, above):
-                        assert txn._bucket(band, absent) == sorted(expected.get(absent, ()))
-                assert txn._bucket(band, b"\xff" * 8) == sorted(expected.get(b"\xff" * 8, ()))
+                        wanted = expected.get(kept_band_key(absent), ())
+                        assert txn._bucket(band, absent) == sorted(wanted)
+                last = expected.get(kept_band_key(b"\xff" * 8), ())
+                assert txn._bucket(band, b"\xff" * 8) == sorted(last)
 
 
 # -- meta values and the export stream ---------------------------------------------------------
@@ -426,13 +446,13 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
                 (b"sdoc-1", bytes.fromhex("0000000000000000")),
             ]
             for band, table in enumerate(bands):
-                # Format 3: the band key's first byte is the table key; the value is its
-                # other seven bytes, then the id.
+                # Format 4: the band key's first byte is the table key; the value is its
+                # next four bytes, then the id's last five.
                 first, second = (int(k).to_bytes(8, "big") for k in expected_bands[:, band])
                 assert sorted(txn.cursor(db=table)) == sorted(
                     [
-                        (first[:1], first[1:] + bytes.fromhex("0000000000000000")),
-                        (second[:1], second[1:] + bytes.fromhex("0000000000000001")),
+                        (first[:1], first[1:5] + bytes.fromhex("0000000000")),
+                        (second[:1], second[1:5] + bytes.fromhex("0000000001")),
                     ]
                 )
             raw = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=meta)}
@@ -444,7 +464,7 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     assert isinstance(map_size, int) and map_size > 0
     assert values == {
         "format": "neardup_store",
-        "format_version": 3,
+        "format_version": 4,
         "package_version": __version__,
         "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
         "config": config.to_dict(),
@@ -476,13 +496,13 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     }
 
 
-# -- stores of formats 1 and 2 -------------------------------------------------------------------
+# -- stores of formats 1, 2 and 3 ----------------------------------------------------------------
 
 
 def rewrite_as_old_format(path: Path, version: int) -> None:
-    """Turn a closed store into what format ``version`` wrote: band tables keyed by the
-    whole band key with the id as value; format 1 also has fold band keys and no ``keys``
-    entry in its banding."""
+    """Turn a closed store into what format ``version`` wrote: band tables in that
+    format's layout (:func:`harness.band_table_entry`); format 1 also has fold band keys
+    and no ``keys`` entry in its banding."""
     env = lmdb.open(str(path), max_dbs=64)
     try:
         meta_db = env.open_db(codec.META_DB, create=False)
@@ -502,7 +522,7 @@ def rewrite_as_old_format(path: Path, version: int) -> None:
                 table = env.open_db(name, txn=txn, create=False, dupsort=True, dupfixed=True)
                 txn.drop(table, delete=False)
                 for raw_id, key in zip(ids, codec.encode_band_keys(keys[:, band]), strict=True):
-                    txn.put(key, raw_id, db=table)
+                    txn.put(*band_table_entry(key, raw_id, version), db=table)
             if version == 1:
                 del banding["keys"]
             txn.put(b"banding", codec.pack_meta(banding), db=meta_db)
@@ -530,7 +550,7 @@ def twin_stores(
     return current, old, expected
 
 
-def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_3(tmp_path: Path) -> None:
+def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_4(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
     near = sigs[:40].copy()
@@ -555,12 +575,13 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_3(tmp_path:
     with Store.open(old) as store:  # what the rebuild wrote is what reopening reads
         assert store.banding.keys == "multilinear"
         with store.read() as txn:
-            assert store._read_meta(txn.txn, "format_version") == 3
+            assert store._read_meta(txn.txn, "format_version") == 4
             assert store._read_meta(txn.txn, "banding")["keys"] == "multilinear"
 
 
-def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
-    tmp_path: Path,
+@pytest.mark.parametrize(("version", "value_bytes"), [(2, 8), (3, 15)])
+def test_an_older_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_4(
+    tmp_path: Path, version: int, value_bytes: int
 ) -> None:
     rng = np.random.default_rng(12)
     sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
@@ -568,7 +589,7 @@ def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
     near = sigs[:40].copy()
     near[:, 13:26] = 9
     queries = np.concatenate([near, rng.integers(0, 2**32, size=(10, 128), dtype=np.uint32)])
-    current, old, expected = twin_stores(tmp_path, sigs, queries, 2)
+    current, old, expected = twin_stores(tmp_path, sigs, queries, version)
     with Store.open(current) as store:
         current_stats = store.stats()
 
@@ -579,28 +600,86 @@ def test_a_format_2_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_3(
             assert txn.query_many(signatures=queries) == expected
         assert [b.entries for b in store.stats().bands] == [b.entries for b in current_stats.bands]
         assert store.stats().bands[0].histogram == current_stats.bands[0].histogram
-        assert (store.stats().format_version, current_stats.format_version) == (2, 3)
+        assert (store.stats().format_version, current_stats.format_version) == (version, 4)
         store.add_signatures([("late", near[0]), ("later", near[1])])
         store.remove("d7")
         assert store.check().ok
         assert [m.key for m in store.query(signature=near[0])][:2] == ["late", "d0"]
-    # What this release wrote into the format 2 store is in the format 2 layout.
+    # What this release wrote into the older store is in that format's layout.
     tables = raw_dump(old)
     entries = [v for name, t in tables.items() if name.startswith(b"band.") for _, v in t]
-    assert {len(value) for value in entries} == {8}
+    assert {len(value) for value in entries} == {value_bytes}
     assert len(entries) == 9 * 301
 
     with Store.open(old) as store:
         store.rebuild(bands=9, rows=13)
         assert store.check().ok
         with store.read() as txn:
-            assert store._read_meta(txn.txn, "format_version") == 3
+            assert store._read_meta(txn.txn, "format_version") == 4
             assert [txn.query(signature=q) for q in queries[40:]] == expected[40:]
-        assert store.stats().format_version == 3
+        assert store.stats().format_version == 4
     tables = raw_dump(old)
     entries = [(k, v) for name, t in tables.items() if name.startswith(b"band.1.") for k, v in t]
-    assert {(len(k), len(v)) for k, v in entries} == {(1, 15)}
+    assert {(len(k), len(v)) for k, v in entries} == {(1, 9)}
     assert len(entries) == 9 * 301
+
+
+def set_next_doc_id(path: Path, next_id: int) -> None:
+    """Make a closed store's id counter read ``next_id`` (as if that many were handed out)."""
+    env = lmdb.open(str(path), max_dbs=64)
+    try:
+        with env.begin(write=True) as txn:
+            meta_db = env.open_db(codec.META_DB, txn=txn, create=False)
+            txn.put(b"next_doc_id", codec.pack_meta(next_id), db=meta_db)
+    finally:
+        env.close()
+
+
+def test_a_store_out_of_ids_refuses_the_batch_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    rng = np.random.default_rng(4)
+    sigs = rng.integers(0, 2**32, size=(5, 16), dtype=np.uint32)
+    with Store.open(path, create=True, num_perm=16, bands=4, rows=4) as store:
+        store.add_signatures([("a", sigs[0])])
+    limit = codec.band_layout(codec.FORMAT_VERSION).id_limit
+    assert limit == 2**40
+    set_next_doc_id(path, limit - 2)
+    before = raw_digest(path)
+    with Store.open(path) as store:
+        with pytest.raises(IdsExhaustedError, match="Export the store and import") as err:
+            store.add_signatures([("b", sigs[1]), ("c", sigs[2]), ("d", sigs[3])])
+        assert err.value.limit == limit and "1,099,511,627,776" in str(err.value)
+    assert raw_digest(path) == before  # nothing written, not even a commit counter
+    with Store.open(path) as store:
+        store.add_signatures([("b", sigs[1]), ("c", sigs[2])])  # the last two ids fit
+        with pytest.raises(IdsExhaustedError):
+            store.add("d", signature=sigs[3])
+        assert store.check().ok and len(store) == 3
+        assert [m.key for m in store.query(signature=sigs[2])] == ["c"]
+        with store.read() as txn:
+            assert codec.decode_id(txn._lookup("c")[0]) == limit - 1  # type: ignore[index]
+
+
+def test_a_rebuild_refuses_a_store_whose_ids_the_current_format_cannot_hold(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s"
+    rng = np.random.default_rng(6)
+    with Store.open(path, create=True, num_perm=16, bands=4, rows=4) as store:
+        store.add_signatures([(f"d{i}", s) for i, s in enumerate(rng.integers(0, 2**32, (20, 16)))])
+    rewrite_as_old_format(path, 3)  # format 3 holds 64-bit ids
+    set_next_doc_id(path, 2**40 + 5)
+    with Store.open(path) as store:
+        store.add_signatures([("late", rng.integers(0, 2**32, 16))])  # id 2**40 + 5: fine here
+        with store.read() as txn:
+            assert codec.decode_id(txn._lookup("late")[0]) == 2**40 + 5  # type: ignore[index]
+    before = raw_digest(path)
+    with Store.open(path) as store:
+        with pytest.raises(IdsExhaustedError):
+            store.rebuild()
+        assert store.check().ok and store.stats().format_version == 3
+        assert [m.key for m in store.query(signature=store.get("late").signature)] == ["late"]
+    assert raw_digest(path) == before
 
 
 @pytest.mark.parametrize(
