@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 import numpy as np
+import numpy.typing as npt
 
 from . import codec
-from .errors import IdsExhaustedError, InvalidParameterError, StoreBusyError
+from .errors import CorruptStoreError, IdsExhaustedError, InvalidParameterError, StoreBusyError
 from .integrity import (
     VIOLATION_KINDS,
     CheckReport,
@@ -354,20 +355,25 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
         bands: list[BandStats] = []
         heap: list[tuple[int, int, bytes]] = []  # (size, -band, band key): the smallest on top
         for band, db in enumerate(store._band_dbs):
-            histogram: list[int] = []
+            counts = np.zeros(65, dtype=np.int64)  # by bit length of size - 1
             buckets = entries = 0
-            for band_key, size in _bucket_sizes(txn, db, store._band_layout):
-                index = (size - 1).bit_length()
-                histogram.extend([0] * (index + 1 - len(histogram)))
-                histogram[index] += 1
-                buckets, entries = buckets + 1, entries + size
-                if largest and size > 1:
-                    item = (size, -band, band_key)
+            for band_keys, sizes in _bucket_sizes(txn, db, store._band_layout, store.path):
+                _, bit_lengths = np.frexp((sizes - 1).astype(np.float64))
+                counts += np.bincount(bit_lengths, minlength=len(counts))
+                buckets, entries = buckets + len(sizes), entries + int(sizes.sum())
+                # The chunk's largest by (size, band key), as the heap orders them.
+                for i in np.lexsort((band_keys, sizes))[-largest:] if largest else ():
+                    if sizes[i] < 2:
+                        continue
+                    kept = int(band_keys[i]).to_bytes(8, "big")[: store._band_layout.band_key_bytes]
+                    item = (int(sizes[i]), -band, kept)
                     if len(heap) < largest:
                         heapq.heappush(heap, item)
                     elif item > heap[0]:
                         heapq.heapreplace(heap, item)
-            bands.append(BandStats(band, buckets, entries, tuple(histogram)))
+            used = np.flatnonzero(counts)
+            histogram = tuple(int(n) for n in counts[: used[-1] + 1]) if len(used) else ()
+            bands.append(BandStats(band, buckets, entries, histogram))
         top = [
             LargeBucket(-neg_band, size, _sample_keys(reader, -neg_band, key))
             for size, neg_band, key in sorted(heap, reverse=True)
@@ -393,20 +399,50 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
         )
 
 
-def _bucket_sizes(txn: Any, db: Any, layout: codec.BandLayout) -> Iterator[tuple[bytes, int]]:
-    """``(band key, number of entries)`` of every bucket of a band table, in key order."""
-    lead = layout.lead_bytes
-    current, size = b"", 0
-    with txn.cursor(db=db) as cursor:
-        for key, value in cursor:
-            band_key = bytes(key) + bytes(value[:lead])
-            if band_key != current:
-                if size:
-                    yield current, size
-                current, size = band_key, 0
-            size += 1
-    if size:
-        yield current, size
+_SIZES_CHUNK = 1 << 20  # entries read into memory at once by _bucket_sizes
+
+
+def _bucket_sizes(
+    txn: Any, db: Any, layout: codec.BandLayout, path: Path
+) -> Iterator[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]]:
+    """The buckets of a band table in key order, in chunks: each chunk's band keys as kept
+    (left-aligned in a uint64) and sizes.
+
+    The entries come as packed runs of (table key, value) bytes (``getmulti`` over the
+    table keys, LMDB's multiple-value reads of fixed-size duplicates), about a million at a
+    time, and are told apart with numpy. A bucket never spans table keys, so never chunks.
+    """
+    width = layout.key_bytes + layout.lead_bytes + layout.id_bytes
+    with txn.cursor(db=db) as keys_cursor, txn.cursor(db=db) as reader:
+        chunk: list[bytes] = []
+        pending = 0
+        for key in keys_cursor.iternext_nodup(keys=True, values=False):
+            if len(key) != layout.key_bytes:
+                raise CorruptStoreError(
+                    str(path), f"a band table key is {len(key)} bytes, not {layout.key_bytes}"
+                )
+            chunk.append(bytes(key))
+            pending += keys_cursor.count()
+            if pending >= _SIZES_CHUNK:
+                yield _runs(reader, chunk, width, layout)
+                chunk, pending = [], 0
+        if chunk:
+            yield _runs(reader, chunk, width, layout)
+
+
+def _runs(
+    cursor: Any, keys: list[bytes], width: int, layout: codec.BandLayout
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """Band keys (as in :func:`_bucket_sizes`) and sizes of the buckets under ``keys``."""
+    packed = cursor.getmulti(
+        keys, dupdata=True, dupfixed_bytes=width - layout.key_bytes, keyfixed=True
+    )
+    rows = np.frombuffer(packed, dtype=np.uint8).reshape(-1, width)
+    padded = np.zeros((len(rows), 8), dtype=np.uint8)
+    padded[:, : layout.band_key_bytes] = rows[:, : layout.band_key_bytes]
+    band_keys = padded.view(">u8").ravel().astype(np.uint64)
+    starts = np.flatnonzero(np.r_[True, band_keys[1:] != band_keys[:-1]])
+    return band_keys[starts], np.diff(np.r_[starts, len(band_keys)])
 
 
 def _sample_keys(reader: ReadTxn, band: int, band_key: bytes, count: int = 3) -> tuple[Key, ...]:

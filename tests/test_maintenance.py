@@ -17,7 +17,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from harness import LineDrivenProcess, band_table_entry, raw_dump
+from harness import LineDrivenProcess, band_table_entry, kept_band_key, raw_dump
 
 from neardup_store import codec, integrity, maintenance
 from neardup_store.clusters import duplicate_groups, verified_pairs
@@ -159,6 +159,46 @@ def test_stats_show_boilerplate_as_the_largest_bucket(store: Store) -> None:
     assert len(top[0].sample_keys) == 3 and all(k.startswith("blank-") for k in top[0].sample_keys)
 
 
+@pytest.mark.parametrize("chunk", [maintenance._SIZES_CHUNK, 7])
+def test_stats_count_every_bucket_as_a_count_of_the_band_keys_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Bucket counts, histograms and the largest buckets against a plain count of each
+    document's band keys (as the store keeps them), read in one chunk or in many."""
+    monkeypatch.setattr(maintenance, "_SIZES_CHUNK", chunk)
+    rng = np.random.default_rng(8)
+    sigs = rng.integers(0, 2**32, size=(2000, 8), dtype=np.uint32)
+    start = 0
+    for size in (2, 3, 4, 5, 9, 17, 40):  # buckets of these sizes in band 0
+        sigs[start : start + size, :4] = size
+        start += size
+    sigs[100:133, 4:] = 1  # and one of 33 in band 1
+    with Store.open(tmp_path / "s", create=True, num_perm=8, bands=2, rows=4) as store:
+        store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+        store.remove_many(f"d{i}" for i in range(0, 2000, 11))
+        kept = [i for i in range(2000) if i % 11]
+        stats = store.stats(largest=4)
+        keys = band_keys(sigs[kept], store.banding, store.config.seed)
+    expected_top = []
+    for band, found in enumerate(stats.bands):
+        counts: dict[bytes, int] = {}
+        for key in codec.encode_band_keys(keys[:, band]):
+            counts[kept_band_key(key)] = counts.get(kept_band_key(key), 0) + 1
+        histogram = [0] * (max(counts.values()) - 1).bit_length()
+        histogram.append(0)
+        for size in counts.values():
+            histogram[(size - 1).bit_length()] += 1
+        assert (found.buckets, found.entries) == (len(counts), len(kept))
+        assert found.histogram == tuple(histogram)
+        expected_top += [(size, band) for size in counts.values() if size > 1]
+    expected_top.sort(key=lambda item: (-item[0], item[1]))
+    assert [(b.size, b.band) for b in stats.largest_buckets] == expected_top[:4]
+    assert stats.largest_buckets[0].size == sum(1 for i in range(40, 80) if i % 11)  # 40 planted
+    planted = {f"d{i}" for i in range(40, 80)}
+    assert len(stats.largest_buckets[0].sample_keys) == 3
+    assert set(stats.largest_buckets[0].sample_keys) <= planted
+
+
 # -- check and repair -----------------------------------------------------------------------
 
 
@@ -235,6 +275,17 @@ def _next_id_too_low(path: Path) -> None:
     _put(path, codec.META_DB, b"next_doc_id", codec.pack_meta(5))
 
 
+def _id_beyond_the_format(path: Path) -> None:
+    """A copy of a record under an id the band tables cannot hold: its entries would be
+    those of the id's last 5 bytes, the original's."""
+    doc_id = _doc_id(path, "doc-0012")
+    far = codec.decode_id(doc_id) + 2**40
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        record = bytes(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
+        txn.put(codec.encode_id(far), record, db=dbs[codec.DOCS_DB])
+        txn.put(b"next_doc_id", codec.pack_meta(far + 1), db=dbs[codec.META_DB])
+
+
 def _flipped_byte(path: Path) -> None:
     doc_id = _doc_id(path, "doc-0010")
     with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
@@ -271,6 +322,7 @@ CORRUPTIONS = [
     (_dangling_key_entry, {"key-orphan"}, True),
     (_stray_table, {"stray-table"}, True),
     (_next_id_too_low, {"doc-id"}, True),
+    (_id_beyond_the_format, {"doc-id"}, False),
     (_flipped_byte, {"corrupt-record"}, False),
     (_short_signature, {"signature-length"}, False),
     (_missing_meta_entry, {"meta"}, False),
