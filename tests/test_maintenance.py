@@ -591,8 +591,8 @@ def test_rebuild_with_a_new_threshold(store: Store, corpus: DemoCorpus) -> None:
         names = [bytes(k) for k, _ in txn.cursor()]
         assert not [n for n in names if n.startswith(b"band.0.")]
         assert len([n for n in names if n.startswith(b"band.1.")]) == store.banding.bands
-        # The rewritten tables follow the format: big-endian band key and id, split as
-        # format 3 says.
+        # The rewritten tables follow the format: big-endian band key and id, kept and
+        # split as the current format says.
         doc_id = bytes(txn.get(b"sdoc-0004", db=dbs[codec.KEYS_DB]))
         signature = codec.decode_signature(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
         expected = band_keys(signature, store.banding, store.config.seed)[0]
