@@ -198,6 +198,11 @@ class BandLayout:
         return self.band_key_bytes - self.key_bytes
 
     @property
+    def value_bytes(self) -> int:
+        """The size of a table value: the lead bytes, then the kept id bytes."""
+        return self.lead_bytes + self.id_bytes
+
+    @property
     def id_limit(self) -> int:
         """One more than the largest document id the layout can hold."""
         return 1 << (8 * self.id_bytes)

@@ -412,7 +412,7 @@ def _bucket_sizes(
     table keys, LMDB's multiple-value reads of fixed-size duplicates), about a million at a
     time, and are told apart with numpy. A bucket never spans table keys, so never chunks.
     """
-    width = layout.key_bytes + layout.lead_bytes + layout.id_bytes
+    width = layout.key_bytes + layout.value_bytes
     with txn.cursor(db=db) as keys_cursor, txn.cursor(db=db) as reader:
         chunk: list[bytes] = []
         pending = 0
@@ -434,9 +434,7 @@ def _runs(
     cursor: Any, keys: list[bytes], width: int, layout: codec.BandLayout
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
     """Band keys (as in :func:`_bucket_sizes`) and sizes of the buckets under ``keys``."""
-    packed = cursor.getmulti(
-        keys, dupdata=True, dupfixed_bytes=width - layout.key_bytes, keyfixed=True
-    )
+    packed = cursor.getmulti(keys, dupdata=True, dupfixed_bytes=layout.value_bytes, keyfixed=True)
     rows = np.frombuffer(packed, dtype=np.uint8).reshape(-1, width)
     padded = np.zeros((len(rows), 8), dtype=np.uint8)
     padded[:, : layout.band_key_bytes] = rows[:, : layout.band_key_bytes]

@@ -238,6 +238,8 @@ def test_band_table_entries_follow_the_layout_of_their_format(version: int) -> N
         ]
     # The table's order (key, then value) is the order of (band key, id).
     assert entries == sorted(entries)
+    assert {len(value) for _, value in entries} == {layout.value_bytes}
+    assert layout.value_bytes == {1: 8, 2: 8, 3: 15, 4: 9}[version]
     for key, value in entries:
         band_key, doc_id = layout.split(key, value)
         assert layout.entry(band_key, doc_id) == (key, value)
