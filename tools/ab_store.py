@@ -9,9 +9,10 @@ bands, 10k documents per transaction, ``durable=False``) with the ``neardup_stor
 ``--repo`` (default: this checkout), and prints one JSON line: the ingest rate (median
 over the second half of the batches, as the benchmark's checkpoints), each table's pages
 per document (``txn.stat``) and the file up to its last page, single-query p50 (2000
-fresh signatures, third pass), and batched removal of 2 % of the documents spread over
-the store (10k per transaction). Runs minutes apart differ by 10-30 % on a shared host,
-so alternate the two checkouts and compare runs made side by side.
+fresh signatures, third pass), ``stats()`` (median of three), and batched removal of 2 %
+of the documents spread over the store (10k per transaction). Runs minutes apart differ
+by 10-30 % on a shared host, so alternate the two checkouts and compare runs made side by
+side.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def measure(documents: int, seed: int, directory: Path) -> dict[str, Any]:
                     reader.query(signature=sig)
                     times.append(time.perf_counter() - start)
             result["query_p50_us"] = float(np.percentile(times, 50) * 1e6)
+        stats_seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            store.stats()
+            stats_seconds.append(time.perf_counter() - start)
+        result["stats_s"] = statistics.median(stats_seconds)
         keys = [f"d{i}" for i in range(0, documents, 50)]
         start = time.perf_counter()
         for lo in range(0, len(keys), BATCH):

@@ -12,7 +12,8 @@ store), 10k documents per transaction with ``durable=False``, in a temporary dir
 * ``remove`` profiles ``remove_many`` of 2% of the store in 10k batches;
 * ``query`` times single signature queries (2000 fresh random signatures: the path of a
   query without matches) in three passes, with the minor page faults of each pass (first
-  touches of the map's pages), then profiles one more pass;
+  touches of the map's pages), profiles one more pass, and times its parts without the
+  profiler (band keys, candidate lookups, the bare LMDB seeks alone);
 * ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
   which also holds the free pages copy-on-write leaves.
 
@@ -35,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neardup_store import Store
+from neardup_store import ReadTxn, Store
 
 BATCH = 10_000
 OPTIONS = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
@@ -97,6 +98,37 @@ def query(store: Store, documents: int, rng: np.random.Generator) -> None:
             print(f"pass {attempt + 1}: p50 {p50:.1f} µs, p99 {p99:.1f} µs, "
                   f"{faults / len(queries):.2f} minor faults per query")  # fmt: skip
         profiled(lambda: [txn.query(signature=sig) for sig in queries])
+        query_parts(txn, queries)
+
+
+def query_parts(txn: ReadTxn, queries: np.ndarray) -> None:
+    """Where a query's time goes, without the profiler's overhead: the whole query, its
+    band keys, its candidate lookups, and the bare LMDB seeks alone (one per band, in a
+    loop that does nothing else), each the best of three passes, per query."""
+    layout = txn._store._band_layout
+    rows = [txn._band_key_rows(sig[None, :])[0] for sig in queries]
+    seeks = [[(b, *layout.bucket(k)) for b, k in enumerate(row)] for row in rows]
+    cursors = [txn._band_cursor(b) for b in range(len(rows[0]))]
+    zeros = bytes(layout.id_bytes)
+
+    def bare_seeks() -> None:
+        for row in seeks:
+            for band, table_key, lead in row:
+                cursors[band].set_range_dup(table_key, lead + zeros)
+
+    parts = {
+        "whole query": lambda: [txn.query(signature=sig) for sig in queries],
+        "band keys": lambda: [txn._band_key_rows(sig[None, :]) for sig in queries],
+        "candidate lookups": lambda: [txn._candidates(row) for row in rows],
+        "bare set_range_dup, one per band": bare_seeks,
+    }
+    for name, run in parts.items():
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
+        print(f"{name:34} {best / len(queries) * 1e6:6.1f} µs per query")
 
 
 def size(store: Store, documents: int, rng: np.random.Generator) -> None:
