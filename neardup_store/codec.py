@@ -72,8 +72,8 @@ values are little-endian.
     * formats 1 and 2: the table key is the whole band key; the value is the id (8 bytes).
 
     Fewer bytes per entry means fewer pages, and fewer pages copied on write by each
-    batch: the main cost of ingest and removal (``tools/README.md``, "Where the time
-    goes"). Adding or removing a document touches one entry per band. A rebuild writes a
+    batch of adds, the main cost of ingest (``tools/README.md``, "Where the time goes").
+    Adding or removing a document touches one entry per band. A rebuild writes a
     new generation in the current layout and drops the old one in the same transaction.
 
 Export stream (:func:`export_header`, :func:`export_record`): a sequence of msgpack
