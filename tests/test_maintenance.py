@@ -184,8 +184,7 @@ def test_stats_count_every_bucket_as_a_count_of_the_band_keys_does(
         counts: dict[bytes, int] = {}
         for key in codec.encode_band_keys(keys[:, band]):
             counts[kept_band_key(key)] = counts.get(kept_band_key(key), 0) + 1
-        histogram = [0] * (max(counts.values()) - 1).bit_length()
-        histogram.append(0)
+        histogram = [0] * ((max(counts.values()) - 1).bit_length() + 1)
         for size in counts.values():
             histogram[(size - 1).bit_length()] += 1
         assert (found.buckets, found.entries) == (len(counts), len(kept))
