@@ -90,6 +90,7 @@ reader allocate more than about a megabyte per object.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Iterator, Sequence
@@ -207,9 +208,29 @@ class BandLayout:
         """One more than the largest document id the layout can hold."""
         return 1 << (8 * self.id_bytes)
 
+    @property
+    def lowest_value(self) -> bytes:
+        """The least value a table can hold: where a bucket with no lead starts."""
+        return bytes(self.value_bytes)
+
+    @property
+    def id_pad(self) -> bytes:
+        """The id's leading zero bytes the layout drops."""
+        return bytes(8 - self.id_bytes)
+
     def bucket(self, band_key: bytes) -> tuple[bytes, bytes]:
         """``(table key, value lead)`` of ``band_key``'s bucket (8 bytes, or as kept)."""
         return band_key[: self.key_bytes], band_key[self.key_bytes : self.band_key_bytes]
+
+    def buckets(self, band_keys: npt.NDArray[np.uint64]) -> list[tuple[bytes, bytes]]:
+        """:meth:`bucket` of each of ``band_keys`` (a 1-d array), made by numpy at once.
+
+        A query needs all its bands' buckets; one view of the big-endian keys as
+        (table key, lead) records makes every ``bytes`` object in C, where slicing each
+        key in Python costs as much again as computing the keys.
+        """
+        as_buckets = _bucket_view(self.key_bytes, self.lead_bytes)
+        return np.ascontiguousarray(band_keys, dtype=">u8").view(as_buckets).tolist()  # type: ignore[no-any-return]
 
     def entry(self, band_key: bytes, doc_id: bytes) -> tuple[bytes, bytes]:
         """The ``(table key, value)`` of one document's entry."""
@@ -234,7 +255,20 @@ class BandLayout:
     def split(self, key: bytes, value: bytes) -> tuple[bytes, bytes]:
         """``(band key as kept, 8-byte id)`` of a stored entry."""
         lead = self.lead_bytes
-        return bytes(key) + bytes(value[:lead]), bytes(8 - self.id_bytes) + bytes(value[lead:])
+        return bytes(key) + bytes(value[:lead]), self.id_pad + bytes(value[lead:])
+
+
+@functools.cache
+def _bucket_view(key_bytes: int, lead_bytes: int) -> np.dtype[Any]:
+    """An 8-byte big-endian band key seen as its table key and its value lead."""
+    return np.dtype(
+        {
+            "names": ["key", "lead"],
+            "formats": [f"V{key_bytes}", f"V{lead_bytes}"],
+            "offsets": [0, key_bytes],
+            "itemsize": 8,
+        }
+    )
 
 
 PACKED_BAND_ENTRIES = BandLayout(key_bytes=1, band_key_bytes=5, id_bytes=5)

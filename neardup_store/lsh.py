@@ -234,10 +234,13 @@ def _multilinear_keys(
 ) -> npt.NDArray[np.uint64]:
     n, width = len(sigs), params.width
     multipliers = _multipliers(seed, width)
+    # uint64 products wrap modulo 2**64, as the scheme says; np.add.reduce rather than
+    # np.sum, whose dispatch costs more than the arithmetic for a single query.
+    if n <= _KEY_BLOCK:  # one block (a query): no output array to allocate and slice
+        products = np.multiply(sigs[:, :width], multipliers, dtype=np.uint64)
+        return np.add.reduce(products.reshape(n, params.bands, params.rows), axis=2)
     keys = np.empty((n, params.bands), dtype=np.uint64)
     for lo in range(0, n, _KEY_BLOCK):
-        # uint64 products wrap modulo 2**64, as the scheme says; np.add.reduce rather than
-        # np.sum, whose dispatch costs more than the arithmetic for a single query.
         products = np.multiply(sigs[lo : lo + _KEY_BLOCK, :width], multipliers, dtype=np.uint64)
         np.add.reduce(
             products.reshape(-1, params.bands, params.rows), axis=2, out=keys[lo : lo + _KEY_BLOCK]

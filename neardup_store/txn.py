@@ -140,6 +140,9 @@ class ReadTxn:
         self._store = store
         self._txn: lmdb.Transaction | None = txn
         self._cursors: dict[int, lmdb.Cursor] = {}
+        self._band_cursor_list: list[lmdb.Cursor] = []
+        self._lowest_value = store._band_layout.lowest_value
+        self._id_pad = store._band_layout.id_pad
         self.epoch = store.map_epoch
 
     # -- plumbing ------------------------------------------------------------------------
@@ -164,6 +167,7 @@ class ReadTxn:
         for cursor in self._cursors.values():
             cursor.close()
         self._cursors.clear()
+        self._band_cursor_list.clear()
         self._txn = None
 
     def _lookup(self, key: object) -> tuple[bytes, bytes] | None:
@@ -319,7 +323,7 @@ class ReadTxn:
     ) -> list[Match]:
         """One signature's matches: the same answer as a batch of one, with less overhead
         (each candidate's record is read and verified once, for its key and signature)."""
-        ids = self._candidates(self._band_key_rows(sig[None, :])[0])
+        ids = self._candidates_of(sig)
         if not ids:
             return []
         num_perm = len(sig)
@@ -387,35 +391,49 @@ class ReadTxn:
         return codec.band_key_bytes(keys)  # type: ignore[return-value]
 
     def _bucket(self, band: int, band_key: bytes) -> list[bytes]:
-        """The ids in ``band_key``'s bucket of ``band`` (one B-tree descent).
+        """The ids in ``band_key``'s bucket of ``band`` (one B-tree descent)."""
+        bucket = self._store._band_layout.bucket(band_key)
+        return self._bucket_ids([(self._band_cursor(band), bucket)])
+
+    def _bucket_ids(
+        self, lookups: Iterable[tuple[lmdb.Cursor, tuple[bytes, bytes]]]
+    ) -> list[bytes]:
+        """The ids in the buckets ``(table key, lead)``, each read through its cursor.
 
         The same steps serve every :class:`~neardup_store.codec.BandLayout`: seek the
-        first entry at or after (band key, id 0), then read values while they lead with
-        the band key's kept bytes that are not in the table key (none when the table key
-        is the whole band key).
+        first value at or after the lead (LMDB orders a prefix before its extensions; id 0
+        when the table key is the whole band key) and read values while they lead with
+        it. The usual miss is told by one comparison, without an iterator.
         """
-        cursor = self._band_cursor(band)
-        layout = self._store._band_layout
-        table_key, lead = layout.bucket(band_key)
-        if not cursor.set_range_dup(table_key, lead + bytes(layout.id_bytes)):
-            return []
-        width = len(lead)
-        if cursor.value()[:width] != lead:  # the usual miss, told without an iterator
-            return []
-        pad = bytes(8 - layout.id_bytes)  # the id's leading zero bytes the layout drops
+        lowest, pad = self._lowest_value, self._id_pad
         ids = []
-        for value in cursor.iternext_dup(keys=False, values=True):
-            if value[:width] != lead:
-                break
-            ids.append(pad + value[width:])
+        for cursor, (table_key, lead) in lookups:
+            if cursor.set_range_dup(table_key, lead or lowest) and cursor.value().startswith(lead):
+                width = len(lead)
+                for value in cursor.iternext_dup(keys=False, values=True):
+                    if not value.startswith(lead):
+                        break
+                    ids.append(pad + value[width:])
         return ids
 
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
         """Candidate ids of one query, given its band keys (8 bytes each)."""
-        ids: set[bytes] = set()
-        for band, band_key in enumerate(keys):
-            ids.update(self._bucket(band, band_key))
-        return ids
+        buckets = map(self._store._band_layout.bucket, keys)
+        return set(self._bucket_ids(zip(self._all_band_cursors(), buckets, strict=True)))
+
+    def _candidates_of(self, sig: npt.NDArray[np.uint32]) -> set[bytes]:
+        """:meth:`_candidates` of one signature, the path of a single query: its buckets
+        made in one numpy pass, each band's cursor kept for the whole transaction."""
+        store = self._store
+        keys = band_keys(sig, store.banding, store.config.seed)[0]
+        buckets = store._band_layout.buckets(keys)
+        return set(self._bucket_ids(zip(self._all_band_cursors(), buckets, strict=True)))
+
+    def _all_band_cursors(self) -> list[lmdb.Cursor]:
+        cursors = self._band_cursor_list
+        if not cursors:
+            cursors.extend(self._band_cursor(b) for b in range(self._store.banding.bands))
+        return cursors
 
     def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
         """Candidate ids of many queries, each distinct bucket of a batch read once."""

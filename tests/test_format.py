@@ -244,6 +244,13 @@ def test_band_table_entries_follow_the_layout_of_their_format(version: int) -> N
         band_key, doc_id = layout.split(key, value)
         assert layout.entry(band_key, doc_id) == (key, value)
         assert band_table_entry(band_key, doc_id, version) == (key, value)
+    # A query makes all its buckets at once; each is the bucket of its band key's entry.
+    buckets = layout.buckets(keys)
+    encoded = codec.encode_band_keys(keys)
+    assert buckets == [layout.bucket(key) for key in encoded]
+    for (table_key, lead), band_key, doc_id in zip(buckets, encoded, ids.tolist(), strict=True):
+        key, value = band_table_entry(band_key, doc_id.to_bytes(8, "big"), version)
+        assert table_key == key and value.startswith(lead) and len(lead) == layout.lead_bytes
 
 
 def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path) -> None:
@@ -264,8 +271,10 @@ def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path)
         width = len(kept_band_key(bytes(8)))
         with store.read() as txn:
             ids = {i: txn._lookup(f"d{i}")[0] for i in kept}  # type: ignore[index]
+            expected_by_band = []
             for band in range(2):
                 expected: dict[bytes, set[bytes]] = {}
+                expected_by_band.append(expected)
                 for doc, key in zip(kept, codec.encode_band_keys(keys[:, band]), strict=True):
                     expected.setdefault(kept_band_key(key), set()).add(ids[doc])
                 assert max(len(found) for found in expected.values()) >= 60
@@ -281,6 +290,12 @@ def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path)
                         assert txn._bucket(band, absent) == sorted(wanted)
                 last = expected.get(kept_band_key(b"\xff" * 8), ())
                 assert txn._bucket(band, b"\xff" * 8) == sorted(last)
+            # A single query reads all its bands' buckets in one pass: the same ids.
+            for doc in kept[::97]:
+                row = codec.encode_band_keys(keys[kept.index(doc)])
+                buckets = [expected_by_band[b][kept_band_key(k)] for b, k in enumerate(row)]
+                wanted = set().union(*buckets)
+                assert txn._candidates_of(sigs[doc]) == wanted
 
 
 # -- meta values and the export stream ---------------------------------------------------------
