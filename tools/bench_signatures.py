@@ -183,6 +183,28 @@ def checkout_state() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def proactive_pageout() -> list[str]:
+    """The kernel's DAMON schemes that page out idle memory, if any are running.
+
+    Such a scheme drops cached file pages that no one touched for a while, however much
+    memory is free, so a store's first reads after a pause wait for the disk.
+    """
+    found = []
+    for context in Path("/sys/kernel/mm/damon/admin/kdamonds").glob("*/contexts/*"):
+        try:
+            if (context.parent.parent / "state").read_text().strip() != "on":
+                continue
+            aggregation_us = int((context / "monitoring_attrs/intervals/aggr_us").read_text())
+            for scheme in sorted(context.glob("schemes/*")):
+                if (scheme / "action").read_text().strip() != "pageout":
+                    continue
+                age = int((scheme / "access_pattern/age/min").read_text())
+                found.append(f"DAMON pageout of memory idle for {age * aggregation_us / 1e6:.0f} s")
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def machine_info(cpu: int | None) -> dict[str, Any]:
     """What the figures depend on: CPU, interpreter and library versions."""
     model = platform.processor() or "unknown"
@@ -214,6 +236,7 @@ def machine_info(cpu: int | None) -> dict[str, Any]:
         "rensa": version("rensa"),
         "thread_variables": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "proactive_pageout": proactive_pageout(),
     }
 
 
