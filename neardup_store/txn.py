@@ -158,17 +158,22 @@ class ReadTxn:
         return self._txn
 
     def _band_cursor(self, band: int) -> lmdb.Cursor:
+        txn = self.txn  # even a kept cursor: its transaction may have ended (map growth)
         cursor = self._cursors.get(band)
         if cursor is None:
-            cursor = self._cursors[band] = self.txn.cursor(db=self._store._band_dbs[band])
+            cursor = self._cursors[band] = txn.cursor(db=self._store._band_dbs[band])
         return cursor
 
     def _close(self) -> None:
+        self._close_cursors()
+        self._txn = None
+
+    def _close_cursors(self) -> None:
+        """Close the band cursors, which belong to the LMDB transaction that is ending."""
         for cursor in self._cursors.values():
             cursor.close()
         self._cursors.clear()
         self._band_cursor_list.clear()
-        self._txn = None
 
     def _lookup(self, key: object) -> tuple[bytes, bytes] | None:
         """``(id bytes, key index)`` of a stored key, or ``None``."""
@@ -430,6 +435,8 @@ class ReadTxn:
         return set(self._bucket_ids(zip(self._all_band_cursors(), buckets, strict=True)))
 
     def _all_band_cursors(self) -> list[lmdb.Cursor]:
+        """Every band's cursor, in band order, opened once per LMDB transaction."""
+        self.txn  # noqa: B018 -- raises if the transaction ended (closed, or the map grew)
         cursors = self._band_cursor_list
         if not cursors:
             cursors.extend(self._band_cursor(b) for b in range(self._store.banding.bands))
@@ -539,9 +546,7 @@ class WriteTxn(ReadTxn):
         return None
 
     def _close_txn(self, commit: bool) -> None:
-        for cursor in self._cursors.values():
-            cursor.close()
-        self._cursors.clear()
+        self._close_cursors()
         txn, self._txn = self._txn, None
         if txn is not None:
             if commit:

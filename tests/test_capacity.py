@@ -220,6 +220,27 @@ def test_map_full_raised_by_commit_itself_is_redone_and_commits_once(
     assert hits, "no batch of the grid ran out of map inside commit()"
 
 
+def test_queries_before_and_after_a_map_growth_in_one_transaction_use_the_new_one(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A write transaction keeps its band cursors for its queries; growing the map replays
+    # the transaction in a new LMDB one, whose cursors the queries (replayed and later)
+    # must use instead of the closed ones.
+    redos = RedoOrigins(monkeypatch)
+    rng = np.random.default_rng(3)
+    sigs = rng.integers(0, 2**32, size=(400, PARAMS["num_perm"]), dtype=np.uint32)
+    with Store.open(store_path, create=True, map_size=SMALLEST_MAP, **PARAMS) as store:
+        with store.write() as txn:
+            assert txn.query(signature=sigs[0]) == []
+            txn.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+            assert redos.seen, "the batch did not outgrow the smallest map"
+            assert [m.key for m in txn.query(signature=sigs[7])] == ["d7"]
+            unique = txn.add_if_unique("again", signature=sigs[9])
+            assert not unique.added and [m.key for m in unique.matches] == ["d9"]
+        assert map_size(store) > SMALLEST_MAP
+        assert [m.key for m in store.query(signature=sigs[399])] == ["d399"]
+
+
 # -- known way 3: reopening with another map size ----------------------------------------------
 
 

@@ -906,12 +906,18 @@ def test_growth_ends_the_growing_threads_own_snapshot_with_a_typed_error(
     with Store.open(store_path, create=True, map_size=256 * KiB) as store:
         store.add("a", "a first document to read")
         with store.read() as snapshot:
+            signature = snapshot.get("a").signature
+            assert [m.key for m in snapshot.query(signature=signature)] == ["a"]  # cursors open
             store.add_many(
                 ((f"k{i}", t, {"p": b"x" * 2048}) for i, t in enumerate(random_texts(400))),
                 batch_size=None,
             )
             with pytest.raises(StoreClosedError, match="map grew"):
                 snapshot.get("a")
+            with pytest.raises(StoreClosedError, match="map grew"):
+                snapshot.query(signature=signature)
+            with pytest.raises(StoreClosedError, match="map grew"):
+                snapshot.query_many(signatures=[signature, signature])
         assert len(store) == 401 and store.get("a").key == "a"
 
 
