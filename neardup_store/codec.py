@@ -208,12 +208,12 @@ class BandLayout:
         """One more than the largest document id the layout can hold."""
         return 1 << (8 * self.id_bytes)
 
-    @property
+    @functools.cached_property  # read by every query
     def lowest_value(self) -> bytes:
         """The least value a table can hold: where a bucket with no lead starts."""
         return bytes(self.value_bytes)
 
-    @property
+    @functools.cached_property
     def id_pad(self) -> bytes:
         """The id's leading zero bytes the layout drops."""
         return bytes(8 - self.id_bytes)

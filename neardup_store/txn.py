@@ -139,10 +139,7 @@ class ReadTxn:
     def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
         self._store = store
         self._txn: lmdb.Transaction | None = txn
-        self._cursors: dict[int, lmdb.Cursor] = {}
-        self._band_cursor_list: list[lmdb.Cursor] = []
-        self._lowest_value = store._band_layout.lowest_value
-        self._id_pad = store._band_layout.id_pad
+        self._band_cursors: list[lmdb.Cursor] = []
         self.epoch = store.map_epoch
 
     # -- plumbing ------------------------------------------------------------------------
@@ -158,11 +155,14 @@ class ReadTxn:
         return self._txn
 
     def _band_cursor(self, band: int) -> lmdb.Cursor:
-        txn = self.txn  # even a kept cursor: its transaction may have ended (map growth)
-        cursor = self._cursors.get(band)
-        if cursor is None:
-            cursor = self._cursors[band] = txn.cursor(db=self._store._band_dbs[band])
-        return cursor
+        return self._all_band_cursors()[band]
+
+    def _all_band_cursors(self) -> list[lmdb.Cursor]:
+        """Every band's cursor, in band order, opened once per LMDB transaction."""
+        txn = self.txn  # even kept cursors: their transaction may have ended (map growth)
+        if not self._band_cursors:
+            self._band_cursors.extend(txn.cursor(db=db) for db in self._store._band_dbs)
+        return self._band_cursors
 
     def _close(self) -> None:
         self._close_cursors()
@@ -170,10 +170,9 @@ class ReadTxn:
 
     def _close_cursors(self) -> None:
         """Close the band cursors, which belong to the LMDB transaction that is ending."""
-        for cursor in self._cursors.values():
+        for cursor in self._band_cursors:
             cursor.close()
-        self._cursors.clear()
-        self._band_cursor_list.clear()
+        self._band_cursors.clear()
 
     def _lookup(self, key: object) -> tuple[bytes, bytes] | None:
         """``(id bytes, key index)`` of a stored key, or ``None``."""
@@ -410,7 +409,8 @@ class ReadTxn:
         when the table key is the whole band key) and read values while they lead with
         it. The usual miss is told by one comparison, without an iterator.
         """
-        lowest, pad = self._lowest_value, self._id_pad
+        layout = self._store._band_layout
+        lowest, pad = layout.lowest_value, layout.id_pad
         ids = []
         for cursor, (table_key, lead) in lookups:
             if cursor.set_range_dup(table_key, lead or lowest) and cursor.value().startswith(lead):
@@ -433,14 +433,6 @@ class ReadTxn:
         keys = band_keys(sig, store.banding, store.config.seed)[0]
         buckets = store._band_layout.buckets(keys)
         return set(self._bucket_ids(zip(self._all_band_cursors(), buckets, strict=True)))
-
-    def _all_band_cursors(self) -> list[lmdb.Cursor]:
-        """Every band's cursor, in band order, opened once per LMDB transaction."""
-        self.txn  # noqa: B018 -- raises if the transaction ended (closed, or the map grew)
-        cursors = self._band_cursor_list
-        if not cursors:
-            cursors.extend(self._band_cursor(b) for b in range(self._store.banding.bands))
-        return cursors
 
     def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
         """Candidate ids of many queries, each distinct bucket of a batch read once."""
