@@ -294,21 +294,20 @@ def redis_placements() -> dict[str, set[int]]:
 
 
 @contextlib.contextmanager
-def redis_server(cpus: set[int] | None = None) -> Iterator[int | None]:
-    """A private redis-server on 127.0.0.1 (no persistence) on ``cpus`` (default: this
-    process's), stopped afterwards."""
+def redis_server(cpus: set[int]) -> Iterator[int | None]:
+    """A private redis-server on 127.0.0.1 (no persistence) on ``cpus``, stopped
+    afterwards."""
     binary = shutil.which("redis-server")
     if binary is None:
         yield None
         return
     port = _free_port()
     workdir = tempfile.mkdtemp(prefix="bench-redis-")
-    affinity = cpus or os.sched_getaffinity(0)
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no", "--dir", workdir],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: os.sched_setaffinity(0, affinity),
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
     )  # fmt: skip
     try:
         import redis
