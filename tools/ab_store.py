@@ -94,12 +94,10 @@ def measure(documents: int, seed: int, directory: Path) -> dict[str, Any]:
 
 
 def _near_queries(stored: np.ndarray, fresh: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """As the benchmark's: stored signatures with 10% of their values replaced (each a
-    near-duplicate that usually shares a band or two), shuffled with as many fresh ones."""
-    near = stored.copy()
-    mask = rng.random(near.shape) < 0.10
-    near[mask] = rng.integers(0, 2**32, size=int(mask.sum()), dtype=np.uint32)
-    queries = np.concatenate([near, fresh])
+    """As the benchmark's: ``stored`` signatures perturbed, shuffled with ``fresh`` ones."""
+    from bench_store import perturbed
+
+    queries = np.concatenate([perturbed(stored, rng), fresh])
     rng.shuffle(queries)
     return queries
 

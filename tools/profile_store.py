@@ -37,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_store import perturbed
+
 from neardup_store import ReadTxn, Store, codec
 from neardup_store.lsh import band_keys
 
@@ -155,9 +157,7 @@ def query_parts(txn: ReadTxn, queries: np.ndarray, documents: int) -> None:
 def near_duplicates(txn: ReadTxn, documents: int, rng: np.random.Generator) -> np.ndarray:
     """Stored signatures with 10 % of their values replaced, those that share a bucket."""
     picked = rng.choice(documents, 2000, replace=False)
-    near = np.stack([txn.get(f"d{i}").signature for i in picked])
-    mask = rng.random(near.shape) < 0.10
-    near[mask] = rng.integers(0, 2**32, size=int(mask.sum()), dtype=np.uint32)
+    near = perturbed(np.stack([txn.get(f"d{i}").signature for i in picked]), rng)
     return near[[bool(txn._candidates_of(sig)) for sig in near]]
 
 
