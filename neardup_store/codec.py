@@ -135,6 +135,8 @@ SEALED_META = ("format", "format_version", "config", "banding")
 """The ``meta`` entries :func:`meta_checksum` covers."""
 
 _HEADER = struct.Struct("<BBHI")
+RECORD_HEADER_BYTES = _HEADER.size
+"""Bytes of a record before its key: version, flags, num_perm, key length."""
 _CHECKSUM = struct.Struct("<Q")
 _ID = struct.Struct(">Q")
 _FLAG_STR_KEY = 1

@@ -170,7 +170,18 @@ def scratch(name: str, size: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
 
 @functools.cache
 def compiled() -> Any:
-    """The loops above as numba functions (compiled, or loaded from the disk cache).
+    """The loops above as numba functions (compiled, or loaded from the disk cache)."""
+    return compile_loops(
+        {
+            "normalise_spaces": _normalise_spaces,
+            "char_shingle_hashes": _char_shingle_hashes,
+            "oph_bins": _oph_bins,
+        }
+    )
+
+
+def compile_loops(loops: dict[str, Any], nogil: bool = True) -> SimpleNamespace:
+    """``loops`` compiled by numba with its disk cache, as attributes of one namespace.
 
     Where numba finds no writable cache directory (a read-only install and home, as in
     some containers) it refuses ``cache=True``; the loops are then compiled in every
@@ -178,14 +189,8 @@ def compiled() -> Any:
     """
     import numba
 
-    loops = {
-        "normalise_spaces": _normalise_spaces,
-        "char_shingle_hashes": _char_shingle_hashes,
-        "oph_bins": _oph_bins,
-    }
-
     def build(cache: bool) -> SimpleNamespace:
-        jit = numba.njit(cache=cache, nogil=True)
+        jit = numba.njit(cache=cache, nogil=nogil)
         return SimpleNamespace(**{name: jit(loop) for name, loop in loops.items()})
 
     try:

@@ -15,6 +15,7 @@ results differ (another process committed in between), the transaction fails wit
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -38,6 +39,7 @@ from .lsh import band_keys
 from .similarity import hashed_jaccard
 
 if TYPE_CHECKING:
+    from .band_cache import CacheLookup
     from .store import Store
 
 Key = str | bytes
@@ -301,7 +303,7 @@ class ReadTxn:
         limit = _check_limit(limit)
         if len(sigs) == 1:
             return [self._query_one(sigs[0], threshold, limit)]
-        candidates = self._candidates_many(self._band_key_matrix(sigs))
+        candidates = self._candidate_sets(sigs)
         wanted = sorted(set().union(*candidates))
         if not wanted:
             return [[] for _ in candidates]
@@ -327,15 +329,18 @@ class ReadTxn:
     ) -> list[Match]:
         """One signature's matches: the same answer as a batch of one, with less overhead
         (each candidate's record is read and verified once, for its key and signature)."""
-        ids = self._candidates_of(sig)
-        if not ids:
+        cache = self._band_cache()
+        if cache is None:
+            found = [(doc_id, self._record(doc_id)) for doc_id in self._candidates_of(sig)]
+        else:
+            ids, _ = cache.candidates(sig[None, :])
+            found = self._cached_records(ids) if len(ids) else []
+        if not found:
             return []
         num_perm = len(sig)
         scored = []
-        for doc_id in ids:
-            raw, is_str, stored = codec.record_key_and_signature(
-                self._record(doc_id), codec.decode_id(doc_id)
-            )
+        for doc_id, record in found:
+            raw, is_str, stored = codec.record_key_and_signature(record, codec.decode_id(doc_id))
             score = int(np.count_nonzero(stored == sig)) / num_perm
             if score >= threshold:
                 scored.append((score, doc_id, raw.decode("utf-8") if is_str else raw))
@@ -360,10 +365,9 @@ class ReadTxn:
         for lo in range(0, len(texts), _EXACT_CHUNK):
             chunk, chunk_sigs = texts[lo : lo + _EXACT_CHUNK], sigs[lo : lo + _EXACT_CHUNK]
             mine = shingler.hash_batch(chunk, encoding, lo)
-            rows = self._band_key_matrix(chunk_sigs)
             scored = [
                 self._verify(sig, ids, 0.0)
-                for sig, ids in zip(chunk_sigs, self._candidates_many(rows), strict=True)
+                for sig, ids in zip(chunk_sigs, self._candidate_sets(chunk_sigs), strict=True)
             ]
             keys = {doc_id: self._key_of(doc_id) for found in scored for doc_id, _ in found}
             order = {doc_id: n for n, doc_id in enumerate(keys)}
@@ -434,6 +438,36 @@ class ReadTxn:
         buckets = store._band_layout.buckets(keys)
         return set(self._bucket_ids(zip(self._all_band_cursors(), buckets, strict=True)))
 
+    def _band_cache(self) -> CacheLookup | None:
+        """The store's band cache for this snapshot, if it can answer for it (caught up
+        first)."""
+        cache = self._store._band_cache
+        return None if cache is None else cache.ready_for(self.txn)
+
+    def _cached_records(self, ids: npt.NDArray[np.uint64]) -> list[tuple[bytes, bytes]]:
+        """``(id, record)`` of the band cache's candidates ``ids`` that this snapshot
+        holds (the cache also keeps removed documents and may know newer ones)."""
+        txn, docs = self.txn, self._store._docs_db
+        found = []
+        for doc_id in map(codec.encode_id, set(ids.tolist())):
+            record = txn.get(doc_id, db=docs)
+            if record is not None:
+                found.append((doc_id, record))
+        return found
+
+    def _candidate_sets(self, sigs: npt.NDArray[np.uint32]) -> list[set[bytes]]:
+        """Candidate ids of each of ``sigs``: from the band cache when it can answer for
+        this snapshot, else from the band tables (each distinct bucket read once)."""
+        cache = self._band_cache()
+        if cache is None:
+            return self._candidates_many(self._band_key_matrix(sigs))
+        ids, ends = cache.candidates(sigs)
+        present = {doc_id for doc_id, _ in self._cached_records(ids)} if len(ids) else set()
+        raw = ids.astype(">u8").tobytes()
+        found = [raw[i : i + 8] for i in range(0, len(raw), 8)]
+        starts = [0, *ends.tolist()]
+        return [present.intersection(found[lo:hi]) for lo, hi in itertools.pairwise(starts)]
+
     def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
         """Candidate ids of many queries, each distinct bucket of a batch read once."""
         found: list[set[bytes]] = [set() for _ in rows]
@@ -493,6 +527,10 @@ class WriteTxn(ReadTxn):
         self._poisoned: str | None = None
         self._next_id: int | None = None
         self._replaying = False
+
+    def _band_cache(self) -> None:
+        """Never: the cache holds committed documents, not this transaction's own."""
+        return None
 
     # Reads inside a write transaction are logged too: after a replay they must still say
     # what the caller based its writes on.

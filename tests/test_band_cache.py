@@ -1,0 +1,850 @@
+"""The in-memory band cache (``Store.open(..., band_cache=True)``, :mod:`.band_cache`).
+
+The cache is only a faster way to find candidates: every answer must be exactly the one
+LMDB's band tables give for the same snapshot. So almost every test asks the same
+questions twice in one read transaction, once through the cache and once with
+``store._band_cache`` set to ``None`` (the fallback path of ``ReadTxn._band_cache``), and
+checks that the cached run made no band-table lookup at all: otherwise a cache that never
+answers would pass every comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from test_format import rewrite_as_old_format
+
+from neardup_store import codec
+from neardup_store.band_cache import BandCache, CacheLookup, _loops
+from neardup_store.lsh import LSHParams, band_keys
+from neardup_store.store import Store
+from neardup_store.txn import Match, ReadTxn
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# 9 bands of 13 rows: a copy with 5-10% of its values replaced keeps some band whole with
+# probability above 0.9, so near copies are found, and random signatures never are.
+PARAMS: dict[str, Any] = {"num_perm": 128, "bands": 9, "rows": 13, "threshold": 0.8}
+
+T = TypeVar("T")
+Sigs = npt.NDArray[np.uint32]
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def random_sigs(rng: np.random.Generator, count: int, num_perm: int = 128) -> Sigs:
+    return rng.integers(0, 2**32, size=(count, num_perm), dtype=np.uint32)
+
+
+def near_copies(
+    rng: np.random.Generator, sigs: Sigs, low: float = 0.05, high: float = 0.10
+) -> Sigs:
+    """Each signature with a random 5-10% of its positions given new random values.
+
+    Random positions, not every k-th one: a regular pattern would touch every band and
+    leave no band whole, so nothing would be found and every comparison would be empty.
+    """
+    out = sigs.copy()
+    num_perm = sigs.shape[1]
+    for row in out:
+        count = int(rng.integers(round(low * num_perm), round(high * num_perm) + 1))
+        where = rng.choice(num_perm, size=count, replace=False)
+        row[where] = rng.integers(0, 2**32, size=count, dtype=np.uint32)
+    return out
+
+
+def items(prefix: str, sigs: Sigs, start: int = 0) -> list[tuple[str, Sigs]]:
+    return [(f"{prefix}{start + i}", sig) for i, sig in enumerate(sigs)]
+
+
+@contextmanager
+def band_lookups() -> Iterator[list[int]]:
+    """Count the LMDB band-table lookups made in the block (one thread only).
+
+    Every B-tree candidate path (one query, a batch, the exact re-verification) reads its
+    buckets through ``ReadTxn._bucket_ids``; the cached path never does.
+    """
+    calls = [0]
+    original = ReadTxn._bucket_ids
+
+    def counted(self: ReadTxn, lookups: Any) -> list[bytes]:
+        calls[0] += 1
+        return original(self, lookups)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ReadTxn, "_bucket_ids", counted)
+        yield calls
+
+
+def cached_and_direct(store: Store, ask: Callable[[], T]) -> tuple[T, T]:
+    """``ask()`` answered through the band cache, then through LMDB's band tables.
+
+    Both in whatever snapshot ``ask`` reads (the caller's read transaction, or the
+    current one for the ``Store`` conveniences: nothing commits in between). The cached
+    run must not touch a band table, the direct one must.
+    """
+    cache = store._band_cache
+    assert isinstance(cache, BandCache)
+    with band_lookups() as lookups:
+        cached = ask()
+    assert lookups == [0], "the band cache did not answer"
+    store._band_cache = None
+    try:
+        with band_lookups() as lookups:
+            direct = ask()
+    finally:
+        store._band_cache = cache
+    assert lookups[0] > 0, "LMDB did not answer"
+    return cached, direct
+
+
+def signature_questions(txn: ReadTxn, queries: Sigs) -> list[Any]:
+    """Every signature query API of a read transaction, on ``queries``."""
+    return [
+        [txn.query(signature=q) for q in queries],
+        txn.query_many(signatures=queries),
+        txn.query_many(signatures=queries, threshold=0.6, limit=2),
+        [txn.query(signature=q, threshold=0.95, limit=1) for q in queries[:40]],
+    ]
+
+
+def match_count(answers: Sequence[Sequence[Match]]) -> int:
+    return sum(len(found) for found in answers)
+
+
+def assert_same_answers(store: Store, queries: Sigs) -> list[list[Match]]:
+    """The cached and LMDB answers of a new read transaction agree; returns the
+    single-query answers (for the caller's own checks)."""
+    with store.read() as txn:
+        cached, direct = cached_and_direct(store, lambda: signature_questions(txn, queries))
+    assert cached == direct
+    return cached[0]  # type: ignore[no-any-return]
+
+
+def keys_of(found: Sequence[Match]) -> list[Any]:
+    return [m.key for m in found]
+
+
+# -- the same answers as LMDB --------------------------------------------------------------------
+
+
+def test_the_cache_is_opt_in_and_dropped_on_close(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with Store.open(path, create=True, **PARAMS) as store:
+        assert store._band_cache is None  # off unless asked for: it costs memory
+    store = Store.open(path, band_cache=True)
+    assert isinstance(store._band_cache, BandCache)
+    store.close()
+    assert store._band_cache is None
+
+
+def test_signature_queries_through_the_cache_equal_lmdb_answers(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    sigs = random_sigs(rng, 3000)
+    sigs[100:200, :13] = 5  # one bucket of 100 documents in band 0
+    sigs[2999] = sigs[2998]  # two keys with one signature: ties are broken by id
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        queries = np.concatenate(
+            [near_copies(rng, sigs[:300]), sigs[2990:3000], random_sigs(rng, 100)]
+        )
+        answers = assert_same_answers(store, queries)
+        assert match_count(answers) >= 250  # not a comparison of empty lists
+        assert keys_of(answers[-101]) == ["d2998", "d2999"]
+
+        # Queries in the big bucket have 100+ candidates each: more than the first guess
+        # of room the compiled probe is given (64 per query), so it asks again.
+        in_bucket = random_sigs(rng, 3)
+        in_bucket[:, :13] = 5
+        with store.read() as txn:
+            cached, direct = cached_and_direct(
+                store,
+                lambda: [
+                    txn.query(signature=in_bucket[0], threshold=0.1),
+                    txn.query_many(signatures=in_bucket, threshold=0.1),
+                    txn.query_many(signatures=in_bucket, threshold=0.1, limit=7),
+                ],
+            )
+        assert cached == direct
+        assert len(cached[0]) == 100 and [len(found) for found in cached[1]] == [100] * 3
+
+        # The conveniences open their own transaction.
+        cached, direct = cached_and_direct(
+            store,
+            lambda: [
+                [store.query(signature=q) for q in queries[:50]],
+                store.query_many(signatures=queries),
+            ],
+        )
+        assert cached == direct and match_count(cached[0]) >= 40
+
+
+def random_text(rng: random.Random, length: int = 300) -> str:
+    return "".join(rng.choices(string.ascii_lowercase + " ", k=length))
+
+
+def edited(rng: random.Random, text: str, changes: int = 3) -> str:
+    chars = list(text)
+    for where in rng.sample(range(len(chars)), changes):
+        chars[where] = rng.choice(string.ascii_uppercase)
+    return "".join(chars)
+
+
+def test_text_and_exact_queries_through_the_cache_equal_lmdb_answers(tmp_path: Path) -> None:
+    rng = random.Random(2)
+    source = {f"t{i}": random_text(rng) for i in range(200)}
+    source["t200"] = source["t0"]  # an exact duplicate under another key
+    with Store.open(tmp_path / "s", create=True, band_cache=True) as store:
+        store.add_many(source.items())
+        texts = [edited(rng, source[f"t{i}"]) for i in range(40)] + [
+            random_text(rng) for _ in range(10)
+        ]
+        with store.read() as txn:
+            cached, direct = cached_and_direct(
+                store,
+                lambda: [
+                    [txn.query(text) for text in texts],
+                    txn.query_many(texts),
+                    txn.query_many(texts, exact=source.__getitem__),
+                    txn.query(texts[0], exact=source.__getitem__, threshold=0.5, limit=1),
+                ],
+            )
+        assert cached == direct
+        assert match_count(cached[0]) >= 36 and match_count(cached[2]) >= 36
+        assert {m.key for m in cached[2][0]} == {"t0", "t200"}
+        assert all(m.exact is not None for found in cached[2] for m in found)
+
+        cached, direct = cached_and_direct(
+            store,
+            lambda: [
+                store.query(texts[1]),
+                store.query_many(texts),
+                store.query_many(texts, exact=source.__getitem__),
+            ],
+        )
+        assert cached == direct and keys_of(cached[0]) == ["t1"]
+
+
+# -- keeping up with commits ---------------------------------------------------------------------
+
+
+def check_snapshot(
+    store: Store, rng: np.random.Generator, live: dict[str, Sigs], gone: dict[str, Sigs]
+) -> None:
+    """In a new read transaction: the cached answers equal LMDB's, every live document
+    sampled is found by its own signature, and no removed key is ever returned."""
+    names = sorted(live)
+    sample = [names[i] for i in rng.choice(len(names), size=min(120, len(names)), replace=False)]
+    mine = np.stack([live[name] for name in sample])
+    old = np.stack(list(gone.values())[-80:]) if gone else np.empty((0, 128), np.uint32)
+    queries = np.concatenate([mine, near_copies(rng, mine), old, random_sigs(rng, 20)])
+    answers = assert_same_answers(store, queries)
+    for name, found in zip(sample, answers, strict=False):
+        assert found[0] == Match(name, 1.0)
+    returned = {m.key for found in answers for m in found}
+    assert not returned & (set(gone) - set(live))
+
+
+def test_the_cache_keeps_up_with_adds_replacements_and_removals(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    live = dict(items("d", random_sigs(rng, 1500)))
+    gone: dict[str, Sigs] = {}
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(live.items())
+        check_snapshot(store, rng, live, gone)  # builds the cache
+        assert store._band_cache is not None and store._band_cache.entries == 9 * 1500
+
+        for round_ in range(4):
+            fresh = dict(items(f"r{round_}-", random_sigs(rng, 400)))
+            store.add_signatures(fresh.items())
+            live.update(fresh)
+            check_snapshot(store, rng, live, gone)
+
+            single = random_sigs(rng, 1)[0]
+            store.add(f"single{round_}", signature=single)
+            live[f"single{round_}"] = single
+            check_snapshot(store, rng, live, gone)
+
+            # A replaced key gets a new internal id: its old signature finds nothing.
+            replaced = sorted(live)[round_ * 10 : round_ * 10 + 10]
+            with store.read() as txn:
+                before = {name: txn._lookup(name) for name in replaced}
+            new_sigs = dict(items("", random_sigs(rng, len(replaced))))
+            store.add_signatures(
+                [(name, sig) for name, sig in zip(replaced, new_sigs.values(), strict=True)],
+                replace=True,
+            )
+            with store.read() as txn:
+                for name in replaced:
+                    assert txn._lookup(name)[0] > before[name][0]  # type: ignore[index]
+            for name, sig in zip(replaced, new_sigs.values(), strict=True):
+                gone[f"old signature of {name}"] = live[name]
+                live[name] = sig
+            check_snapshot(store, rng, live, gone)
+            with store.read() as txn:
+                for name in replaced:
+                    old = gone[f"old signature of {name}"]
+                    assert name not in keys_of(txn.query(signature=old))
+
+            names = sorted(live)
+            doomed = [names[i] for i in rng.choice(len(names), size=250, replace=False)]
+            store.remove_many(doomed)
+            for name in doomed:
+                gone[name] = live.pop(name)
+            check_snapshot(store, rng, live, gone)
+            with store.read() as txn:
+                cached = [txn.query(signature=gone[name]) for name in doomed]
+            assert match_count(cached) == 0
+
+
+CHILD = """
+import sys
+import numpy as np
+from neardup_store.store import Store
+
+path, sigs_file, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sigs = np.load(sigs_file)
+with Store.open(path) as store:
+    store.add_signatures([(f"child{first + i}", s) for i, s in enumerate(sigs)])
+    store.remove_many([f"d{i}" for i in range(first, first + 300, 3)])
+"""
+
+
+def run_child(path: Path, sigs: Sigs, first: int, tmp_path: Path) -> None:
+    """Another process adds ``sigs`` as ``child<first + i>`` and removes every third of
+    ``d<first>`` .. ``d<first + 299>`` (two commits), with its own Store."""
+    sigs_file = tmp_path / f"child{first}.npy"
+    np.save(sigs_file, sigs)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), str(sigs_file), str(first)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+def test_the_cache_keeps_up_with_commits_of_another_process(
+    tmp_path: Path, read_only: bool
+) -> None:
+    rng = np.random.default_rng(4)
+    path = tmp_path / "s"
+    live = dict(items("d", random_sigs(rng, 1000)))
+    gone: dict[str, Sigs] = {}
+    with Store.open(path, create=True, **PARAMS) as store:
+        store.add_signatures(live.items())
+    with Store.open(path, read_only=read_only, band_cache=True) as store:
+        check_snapshot(store, rng, live, gone)  # the cache is built, and stays open
+        for first in (0, 300):
+            child = random_sigs(rng, 200)
+            run_child(path, child, first, tmp_path)
+            live.update(items("child", child, first))
+            for i in range(first, first + 300, 3):
+                gone[f"d{i}"] = live.pop(f"d{i}")
+            check_snapshot(store, rng, live, gone)
+            with store.read() as txn:
+                assert len(txn) == len(live)
+                found = [txn.query(signature=sig) for sig in child]
+                assert [keys_of(f) for f in found] == [[f"child{first + i}"] for i in range(200)]
+
+
+# -- older snapshots -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("most_removed", [False, True], ids=["one-removal", "most-removed"])
+def test_an_older_snapshot_falls_back_to_lmdb_and_still_finds_what_it_holds(
+    tmp_path: Path, most_removed: bool
+) -> None:
+    """With most documents removed the cache is rebuilt from the newer snapshot and no
+    longer holds the removed document at all: only the fallback can find it then."""
+    rng = np.random.default_rng(5)
+    sigs = random_sigs(rng, 3000)
+    late = random_sigs(rng, 1)[0]
+    queries = np.concatenate([sigs[:60], near_copies(rng, sigs[:60]), late[None, :]])
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        store.query(signature=sigs[0])  # the cache is built for the current snapshot
+        cache = store._band_cache
+        assert cache is not None
+        with store.read() as a:
+            first, direct = cached_and_direct(store, lambda: signature_questions(a, queries))
+            assert first == direct and keys_of(first[0][7]) == ["d7"]
+
+            removed = ["d7"] + ([f"d{i}" for i in range(100, 2950)] if most_removed else [])
+            store.remove_many(removed)
+            store.add_signatures([("late", late)])
+            with store.read() as b:  # the cache catches up to this newer snapshot
+                now, direct = cached_and_direct(store, lambda: signature_questions(b, queries))
+                assert now == direct
+                assert now[0][7] == [] and keys_of(now[0][-1]) == ["late"]
+                live = len(b)
+            if most_removed:  # the cache was rebuilt from the records: d7 is not in it
+                assert cache.entries == 9 * live
+            assert store._band_cache is cache and not cache.ready_for(a.txn)
+
+            with band_lookups() as lookups:
+                again = signature_questions(a, queries)
+            store._band_cache = None
+            try:
+                direct = signature_questions(a, queries)
+            finally:
+                store._band_cache = cache
+            assert again == direct == first
+            assert keys_of(again[0][7]) == ["d7"] and again[0][-1] == []
+            assert lookups[0] > 0  # through LMDB
+
+
+# -- write transactions --------------------------------------------------------------------------
+
+
+def test_a_write_transaction_sees_its_own_documents_not_the_cache(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    sigs = random_sigs(rng, 500)
+    new, other = random_sigs(rng, 2)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        assert keys_of(store.query(signature=sigs[3])) == ["d3"]  # the cache is built
+        with store.write() as w:
+            assert w.query(signature=sigs[4]) == [Match("d4", 1.0)]  # a read before writing
+            w.add_signatures([("new", new)])
+            w.remove_many(["d5"])
+            assert keys_of(w.query(signature=near_copies(rng, new[None, :])[0])) == ["new"]
+            assert w.query(signature=sigs[5]) == []
+            both = w.query_many(signatures=np.stack([new, sigs[5], sigs[6]]))
+            assert [keys_of(found) for found in both] == [["new"], [], ["d6"]]
+            result = w.add_if_unique("new-again", signature=near_copies(rng, new[None, :])[0])
+            assert not result.added and keys_of(result.matches) == ["new"]
+            w.add("other", signature=other)
+            assert keys_of(w.query(signature=other)) == ["other"]
+        answers = assert_same_answers(store, np.stack([new, other, sigs[5], sigs[6]]))
+        assert [keys_of(found) for found in answers] == [["new"], ["other"], [], ["d6"]]
+
+
+class AbortError(Exception):
+    """Raised inside a write transaction to roll it back."""
+
+
+def add_then_abort(store: Store, key: str, sig: Sigs) -> NoReturn:
+    """Add ``key`` in a write transaction (which finds it) and roll it back by raising
+    :class:`AbortError`, whose message is the id the key got (hex)."""
+    with store.write() as w:
+        w.add_signatures([(key, sig)])
+        assert w.query(signature=sig) == [Match(key, 1.0)]
+        found = w._lookup(key)
+        assert found is not None
+        raise AbortError(found[0].hex())
+
+
+def test_an_aborted_write_leaves_no_trace_even_when_its_ids_are_handed_out_again(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(7)
+    sigs = random_sigs(rng, 500)
+    ghost, real = random_sigs(rng, 2)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        assert_same_answers(store, sigs[:20])  # the cache is built
+        with pytest.raises(AbortError) as aborted:
+            add_then_abort(store, "ghost", ghost)
+        ghost_id = bytes.fromhex(str(aborted.value))
+        answers = assert_same_answers(store, np.stack([ghost, sigs[0]]))
+        assert answers == [[], [Match("d0", 1.0)]]
+
+        store.add_signatures([("real", real)])  # the id the aborted transaction had
+        with store.read() as txn:
+            assert txn._lookup("real")[0] == ghost_id  # type: ignore[index]
+        answers = assert_same_answers(
+            store, np.stack([ghost, real, near_copies(rng, real[None])[0]])
+        )
+        assert [keys_of(found) for found in answers] == [[], ["real"], ["real"]]
+
+        # Once more, with the cache not caught up between the abort and the reuse.
+        with pytest.raises(AbortError):
+            add_then_abort(store, "ghost", ghost)
+        store.add_signatures([("real2", near_copies(rng, ghost[None], 0.5, 0.6)[0])])
+        answers = assert_same_answers(store, np.stack([ghost, real]))
+        assert [keys_of(found) for found in answers] == [[], ["real"]]
+
+
+# -- growth, mass removal, compaction, rebuild ---------------------------------------------------
+
+
+def test_the_cache_grows_with_the_store_and_is_rebuilt_after_mass_removal(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    sigs = random_sigs(rng, 20_000)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs[:100]))
+        cache = store._band_cache
+        assert cache is not None
+        sizes = []
+        # 10 000 at once is more than one catch-up step reads (8192): it grows mid-way.
+        for lo, hi in [(0, 100), (100, 1000), (1000, 4000), (4000, 10_000), (10_000, 20_000)]:
+            if lo:
+                store.add_signatures(items("d", sigs[lo:hi], lo))
+            picks = rng.choice(hi, size=min(hi, 200), replace=False)
+            queries = np.concatenate([near_copies(rng, sigs[picks]), random_sigs(rng, 20)])
+            answers = assert_same_answers(store, queries)
+            assert match_count(answers) >= 0.85 * len(picks)
+            assert cache.entries == 9 * hi
+            sizes.append(cache.nbytes)
+        assert len(set(sizes)) >= 4 and sizes == sorted(sizes)  # several growths
+        assert sizes[-1] >= 16 * sizes[0]
+
+        # Most documents removed: stale entries would outnumber live ones, so the next
+        # catch-up starts again from the records and keeps only the live documents.
+        doomed = [f"d{i}" for i in range(0, 20_000) if i % 10]
+        store.remove_many(doomed)
+        kept = np.arange(0, 20_000, 10)
+        removed = [i for i in range(1, 150) if i % 10]
+        queries = np.concatenate([near_copies(rng, sigs[kept[:150]]), sigs[removed]])
+        answers = assert_same_answers(store, queries)
+        assert match_count(answers[:150]) >= 130 and match_count(answers[150:]) == 0
+        assert store._band_cache is cache
+        assert cache.entries == 9 * len(kept) and cache.nbytes < sizes[-1]
+        assert_same_answers(store, near_copies(rng, sigs[kept[150:]]))
+
+
+def test_compaction_and_rebuild_start_a_new_cache_with_the_same_answers(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    sigs = random_sigs(rng, 2000)
+    queries = np.concatenate([near_copies(rng, sigs[:200]), random_sigs(rng, 20)])
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        store.remove_many([f"d{i}" for i in range(0, 2000, 4)])
+        before = assert_same_answers(store, queries)
+        assert match_count(before) >= 130
+
+        old = store._band_cache
+        store.compact()
+        assert isinstance(store._band_cache, BandCache) and store._band_cache is not old
+        assert assert_same_answers(store, queries) == before
+        store.add_signatures([("late", sigs[1])])  # the same signature as d1, a later id
+        after = assert_same_answers(store, queries)
+        assert keys_of(after[1]) == ["d1", "late"]
+
+        old = store._band_cache
+        store.rebuild(bands=16, rows=8)
+        cache = store._band_cache
+        assert isinstance(cache, BandCache) and cache is not old
+        assert store.banding.bands == 16
+        rebanded = assert_same_answers(store, queries)  # other bands: other candidates
+        assert match_count(rebanded) >= 130 and keys_of(rebanded[1]) == ["d1", "late"]
+        assert cache.entries == 16 * 1501  # built with the new banding
+        store.remove_many(["late", "d2"])
+        final = assert_same_answers(store, queries)
+        assert "late" not in keys_of(final[1]) and final[2] == []
+
+
+# -- older formats ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_stores_of_older_formats_give_the_same_answers_through_the_cache(
+    tmp_path: Path, version: int
+) -> None:
+    """Format 1 keys bands by the ``fold`` scheme (computed with numpy, not inside the
+    compiled probe); formats 1-3 keep whole 8-byte band keys (format 4 keeps 5 bytes)."""
+    rng = np.random.default_rng(10 + version)
+    sigs = random_sigs(rng, 1500)
+    sigs[100:200, :13] = 5
+    path = tmp_path / "s"
+    with Store.open(path, create=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+    rewrite_as_old_format(path, version)
+    queries = np.concatenate([near_copies(rng, sigs[:200]), random_sigs(rng, 20)])
+    with Store.open(path, band_cache=True) as store:
+        assert store._format_version == version
+        assert store.banding.keys == ("fold" if version == 1 else "multilinear")
+        answers = assert_same_answers(store, queries)
+        assert match_count(answers) >= 170
+        late = near_copies(rng, sigs[:50])
+        store.add_signatures(items("late", late))  # written in the old format
+        store.remove_many([f"d{i}" for i in range(0, 50, 2)])
+        answers = assert_same_answers(store, np.concatenate([late, sigs[:50]]))
+        assert [keys_of(found)[:1] for found in answers[:50]] == [[f"late{i}"] for i in range(50)]
+        assert all(f"d{i}" not in keys_of(answers[50 + i]) for i in range(0, 50, 2))
+        store.rebuild(bands=9, rows=13)  # to the current format, with a new cache
+        assert store._format_version == codec.FORMAT_VERSION
+        assert_same_answers(store, np.concatenate([late, queries]))
+
+
+# -- buckets as the layout keeps them -------------------------------------------------------------
+
+
+def lll(basis: list[list[int]]) -> list[list[int]]:
+    """LLL-reduced rows of a small integer basis (textbook, exact rationals)."""
+    rows = [list(row) for row in basis]
+
+    def dot(x: Sequence[Fraction | int], y: Sequence[Fraction | int]) -> Fraction:
+        return Fraction(sum(p * q for p, q in zip(x, y, strict=True)))
+
+    def gram_schmidt() -> tuple[list[list[Fraction]], list[list[Fraction]]]:
+        ortho: list[list[Fraction]] = []
+        mu = [[Fraction(0)] * len(rows) for _ in rows]
+        for i, row in enumerate(rows):
+            v = [Fraction(x) for x in row]
+            for j in range(i):
+                mu[i][j] = dot(row, ortho[j]) / dot(ortho[j], ortho[j])
+                v = [p - mu[i][j] * q for p, q in zip(v, ortho[j], strict=True)]
+            ortho.append(v)
+        return ortho, mu
+
+    k = 1
+    while k < len(rows):
+        for j in range(k - 1, -1, -1):
+            _, mu = gram_schmidt()
+            q = round(mu[k][j])
+            if q:
+                rows[k] = [p - q * r for p, r in zip(rows[k], rows[j], strict=True)]
+        ortho, mu = gram_schmidt()
+        lovasz = (Fraction(3, 4) - mu[k][k - 1] ** 2) * dot(ortho[k - 1], ortho[k - 1])
+        if dot(ortho[k], ortho[k]) >= lovasz:
+            k += 1
+        else:
+            rows[k], rows[k - 1] = rows[k - 1], rows[k]
+            k = max(k - 1, 1)
+    return rows
+
+
+def bucket_mate(sig: Sigs, banding: LSHParams) -> Sigs:
+    """A signature whose band 0 key differs from ``sig``'s only in its last 3 bytes (the
+    bytes format 4 drops), and whose every other band key differs too.
+
+    Band 0's key is ``sum(m[j] * v[j]) mod 2**64``: adding ``a`` to value 0 and ``b`` to
+    value 1 adds ``a * m[0] + b * m[1]``, which a short vector of the lattice spanned by
+    ``(1, 0, C m[0]), (0, 1, C m[1]), (0, 0, C 2**64)`` makes a small number. One value of
+    each other band is changed, so 118 of 128 values still agree.
+    """
+    unit = np.zeros((2, sig.shape[0]), dtype=np.uint32)
+    unit[0, 0] = unit[1, 1] = 1
+    m0, m1 = (int(k) for k in band_keys(unit, banding)[:, 0])
+    weight = 1 << 12
+    short = lll([[1, 0, weight * m0], [0, 1, weight * m1], [0, 0, weight << 64]])
+    a, b, _ = min(short, key=lambda row: max(abs(row[0]), abs(row[1])))
+    mate = sig.copy()
+    mate[0], mate[1] = int(sig[0]) + a, int(sig[1]) + b
+    for band in range(1, banding.bands):
+        mate[band * banding.rows] ^= 1
+    return mate
+
+
+@pytest.mark.parametrize(("version", "merged"), [(4, True), (3, False)])
+def test_the_cache_merges_buckets_exactly_as_the_band_tables_do(
+    tmp_path: Path, version: int, merged: bool
+) -> None:
+    """Format 4 keeps a band key's first 5 bytes, so keys differing only after them share
+    a bucket (a candidate LMDB finds and verification keeps); format 3 keeps all 8. The
+    cache must merge the same buckets, no more and no fewer."""
+    rng = np.random.default_rng(20)
+    sig = random_sigs(rng, 1)[0]
+    sig[:2] = 3 << 30  # room to add or subtract the lattice's small steps
+    banding = LSHParams(PARAMS["bands"], PARAMS["rows"])
+    mate = bucket_mate(sig, banding)
+    keys = band_keys(np.stack([sig, mate]), banding)
+    assert keys[0, 0] != keys[1, 0] and keys[0, 0] >> 24 == keys[1, 0] >> 24
+    assert (keys[0, 1:] != keys[1, 1:]).all()
+    assert np.count_nonzero(sig == mate) == 118
+    path = tmp_path / "s"
+    with Store.open(path, create=True, **PARAMS) as store:
+        store.add_signatures([("target", sig), *items("d", random_sigs(rng, 300))])
+    if version != codec.FORMAT_VERSION:
+        rewrite_as_old_format(path, version)
+    with Store.open(path, band_cache=True) as store:
+        assert store._format_version == version
+        answers = assert_same_answers(store, np.stack([mate, sig]))
+        assert answers[0] == ([Match("target", 118 / 128)] if merged else [])
+        assert answers[1] == [Match("target", 1.0)]
+
+
+# -- threads ---------------------------------------------------------------------------------------
+
+
+def test_threads_querying_while_commits_land_get_their_own_snapshots_answers(
+    tmp_path: Path,
+) -> None:
+    """Readers check every answer against what their snapshot holds (each query is a
+    stored signature, found exactly while its key is present) and against LMDB's answer
+    in the same transaction (the fallback switched off for that transaction only).
+
+    Removals here stay few, so the cache is never rebuilt while readers run: see
+    :func:`test_a_reader_is_not_hurt_by_a_rebuild_in_another_thread` for that case.
+    """
+    rng = np.random.default_rng(11)
+    sigs = random_sigs(rng, 4000)
+    published = [400]  # documents below this index were committed (maybe removed since)
+    stop = threading.Event()
+    errors: list[str] = []
+    done: list[int] = []
+
+    def reader(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        count = 0
+        try:
+            while not stop.is_set() or count < 5:
+                with store.read() as txn:
+                    picks = r.integers(0, published[0], size=8)
+                    want = [[Match(f"d{i}", 1.0)] if f"d{i}" in txn else [] for i in picks]
+                    got = [txn.query(signature=sigs[i]) for i in picks]
+                    many = txn.query_many(signatures=sigs[picks])
+                    near = near_copies(r, sigs[picks])
+                    cached = txn.query_many(signatures=near)
+                    txn._band_cache = lambda: None  # type: ignore[method-assign]
+                    direct = txn.query_many(signatures=near)
+                    if got != want or many != want:
+                        errors.append(f"{picks}: {got} / {many}, expected {want}")
+                    if cached != direct:
+                        errors.append(f"{picks}: cached {cached}, LMDB {direct}")
+                count += 1
+        except Exception as err:  # reported by the main thread
+            errors.append(f"{type(err).__name__}: {err}")
+        done.append(count)
+
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs[:400]))
+        live = list(range(400))
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-5)  # switch threads often, inside the query paths too
+        try:
+            for thread in threads:
+                thread.start()
+            for lo in range(400, 4000, 300):
+                store.add_signatures(items("d", sigs[lo : lo + 300], lo))
+                published[0] = lo + 300
+                live.extend(range(lo, lo + 300))
+                doomed = [
+                    live.pop(int(i))
+                    for i in sorted(rng.choice(len(live), 100, replace=False), reverse=True)
+                ]
+                store.remove_many([f"d{i}" for i in set(doomed)])
+                with store.read() as txn:
+                    txn.query(signature=sigs[lo])  # this thread catches up too, sometimes
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+            sys.setswitchinterval(interval)
+        assert not errors, errors[:5]
+        assert len(done) == 4 and min(done) >= 5
+        assert_same_answers(store, near_copies(rng, sigs[rng.choice(4000, 200, replace=False)]))
+
+
+def test_a_reader_is_not_hurt_by_a_rebuild_in_another_thread(tmp_path: Path) -> None:
+    """A reader of the snapshot the cache is at passes ``ready_for`` and is paused before
+    it probes; meanwhile a newer snapshot with most documents removed makes the cache
+    start again from the records. The reader's answer must still be its snapshot's."""
+    rng = np.random.default_rng(12)
+    sigs = random_sigs(rng, 3000)
+    entered, release = threading.Event(), threading.Event()
+    answer: list[list[Match]] = []
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        store.query(signature=sigs[0])  # the cache is at the current snapshot
+        with store.read() as old:
+            ready = old._band_cache
+
+            def paused() -> CacheLookup | None:
+                cache = ready()
+                entered.set()
+                release.wait(30)
+                return cache
+
+            old._band_cache = paused  # type: ignore[method-assign]
+            thread = threading.Thread(target=lambda: answer.append(old.query(signature=sigs[5])))
+            thread.start()
+            assert entered.wait(30)
+            store.remove_many([f"d{i}" for i in range(2900)])
+            assert store.query(signature=sigs[2950]) == [Match("d2950", 1.0)]  # catches up
+            assert store._band_cache is not None and store._band_cache.entries == 9 * 100
+            release.set()
+            thread.join(30)
+            del old._band_cache
+            assert old.query(signature=sigs[5]) == [Match("d5", 1.0)]  # through LMDB
+        assert answer == [[Match("d5", 1.0)]]
+
+
+# -- parsing records in the compiled loop ----------------------------------------------------------
+
+
+def parse(records: Sequence[bytes], num_perm: int) -> tuple[Sigs, npt.NDArray[np.bool_]]:
+    """``_loops().signatures`` of ``records`` laid end to end, as the cache reads them."""
+    starts = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in records], out=starts[1:])
+    buf = np.frombuffer(b"".join(records), dtype=np.uint8)
+    out = np.zeros((len(records), num_perm), dtype=np.uint32)
+    ok = np.ones(len(records), dtype=np.bool_)  # the loop must set each flag itself
+    _loops().signatures(buf, starts, num_perm, out, ok)
+    return out, ok
+
+
+KEYS: list[str | bytes] = ["", "a", "é" * 250, b"", b"\x00", bytes(range(256)) * 2]
+
+
+def encode(keys: Sequence[str | bytes], sigs: Sigs, metadata: Sequence[Any]) -> list[bytes]:
+    raw = [key.encode() if isinstance(key, str) else key for key in keys]
+    return codec.encode_records(
+        raw,
+        [isinstance(key, str) for key in keys],
+        sigs,
+        [codec.pack_metadata(meta) for meta in metadata],
+    )
+
+
+@pytest.mark.parametrize("num_perm", [1, 7, 128])
+def test_record_parsing_extracts_the_signatures_the_codec_decodes(num_perm: int) -> None:
+    rng = np.random.default_rng(13)
+    keys = KEYS * 2
+    metadata = [None] * len(KEYS) + [{"n": i, "pad": "x" * 37 * i} for i in range(len(KEYS))]
+    sigs = random_sigs(rng, len(keys), num_perm)
+    sigs[0, 0], sigs[1, -1] = 0, 2**32 - 1  # every byte of a value read, in LE order
+    records = encode(keys, sigs, metadata)
+    assert max(map(len, records)) >= 8 + 400 + 4 * num_perm + 8  # long keys too
+    out, ok = parse(records, num_perm)
+    assert ok.all()
+    for row, record in zip(out, records, strict=True):
+        np.testing.assert_array_equal(row, codec.decode_signature(record))
+
+
+def test_records_that_do_not_parse_as_this_num_perm_are_flagged() -> None:
+    rng = np.random.default_rng(14)
+    good = encode(KEYS, random_sigs(rng, len(KEYS)), [None, {"m": 1}] * 3)
+    no_meta = good[0]  # key "", no metadata: the signature ends 8 bytes before the end
+    meta = good[1]
+    header = codec.RECORD_HEADER_BYTES
+    overrun = bytearray(no_meta)
+    overrun[4:8] = (2**32 - 1).to_bytes(4, "little")  # a key length past the record
+    bad = [
+        no_meta[:-1],  # truncated: the checksum is cut
+        no_meta[:-9],  # truncated into the signature
+        no_meta[:5],  # shorter than a header
+        b"",
+        meta[: header + 1 + 4 * 64],  # truncated in the signature, metadata and all
+        encode(["k"], random_sigs(rng, 1, 64), [None])[0],  # other num_perm, shorter
+        encode(["k"], random_sigs(rng, 1, 256), [None])[0],  # other num_perm, long enough
+        bytes([codec.RECORD_VERSION + 1]) + no_meta[1:],  # unknown record version
+        bytes([0]) + meta[1:],
+        bytes(overrun),
+    ]
+    records = [r for pair in zip(good * 2, bad, strict=False) for r in pair]  # interleaved
+    out, ok = parse(records, 128)
+    assert ok.tolist() == [True, False] * len(bad)
+    for i in range(0, len(records), 2):
+        np.testing.assert_array_equal(out[i], codec.decode_signature(records[i]))
