@@ -18,7 +18,8 @@ figure here is measured in the same process on the same data as its peer figure:
 
 Signatures of the large variant come from signing ``corpus.stream_documents`` (cached in
 ``tools/results/cache`` so a second run does not sign again). Signature queries are
-stored signatures with 10% of their values replaced (a near-duplicate at J ≈ 0.82) and as
+stored signatures (of documents stored by the first checkpoint) with 10% of their values
+replaced (a near-duplicate at J ≈ 0.82) and as
 many fresh random signatures (no match), so both hit and miss paths are timed.
 """
 
