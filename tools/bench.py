@@ -515,9 +515,15 @@ def render(report: dict[str, Any]) -> str:
                 point.get("query_signature_cached"),
                 point.get("query_signature_cached_again"),
             )
+            faults = (
+                f", {point['query_cached_major_faults']} / "
+                f"{point['query_cached_again_major_faults']} major faults"
+                if "query_cached_major_faults" in point
+                else ""
+            )
             cache_cells = (
                 f"{cached['p50_us']:.1f} / {cached['p99_us']:.1f} "
-                f"({cached_again['p50_us']:.1f} / {cached_again['p99_us']:.1f}) | "
+                f"({cached_again['p50_us']:.1f} / {cached_again['p99_us']:.1f}){faults} | "
                 f"{point['band_cache_catch_up_s']:.2f}, {point['band_cache_bytes_per_doc']:.0f}"
                 if cached and cached_again
                 else " | "
