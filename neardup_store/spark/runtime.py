@@ -233,6 +233,11 @@ def spark_session(
 
     builder = SparkSession.builder.master(master).appName(app_name)
     if master.startswith("local"):
+        # Local workers must run this interpreter, whose site-packages hold our
+        # dependencies. pyspark starts them with PYSPARK_PYTHON, else ``python3`` from
+        # PATH, whatever ``spark.pyspark.python`` says: in a venv, that was another Python
+        # (seen in a fresh-clone run, ModuleNotFoundError: lmdb in the workers).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.pyspark.python", sys.executable)
         builder = builder.config("spark.pyspark.driver.python", sys.executable)
     for key, value in (conf or {}).items():
