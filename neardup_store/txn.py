@@ -303,14 +303,14 @@ class ReadTxn:
         limit = _check_limit(limit)
         if len(sigs) == 1:
             return [self._query_one(sigs[0], threshold, limit)]
-        candidates = self._candidate_sets(sigs)
+        candidates, records = self._candidate_sets(sigs)
         wanted = sorted(set().union(*candidates))
         if not wanted:
             return [[] for _ in candidates]
         # Every candidate's signature is read and checked once, however many queries of
         # the batch share it; each query is then one vectorised comparison.
         position = {doc_id: i for i, doc_id in enumerate(wanted)}
-        stored = self._signatures_of(wanted)
+        stored = self._signatures_of(wanted, records)
         num_perm = stored.shape[1]
         results = []
         for sig, ids in zip(sigs, candidates, strict=True):
@@ -367,7 +367,7 @@ class ReadTxn:
             mine = shingler.hash_batch(chunk, encoding, lo)
             scored = [
                 self._verify(sig, ids, 0.0)
-                for sig, ids in zip(chunk_sigs, self._candidate_sets(chunk_sigs), strict=True)
+                for sig, ids in zip(chunk_sigs, self._candidate_sets(chunk_sigs)[0], strict=True)
             ]
             keys = {doc_id: self._key_of(doc_id) for found in scored for doc_id, _ in found}
             order = {doc_id: n for n, doc_id in enumerate(keys)}
@@ -455,18 +455,23 @@ class ReadTxn:
                 found.append((doc_id, record))
         return found
 
-    def _candidate_sets(self, sigs: npt.NDArray[np.uint32]) -> list[set[bytes]]:
-        """Candidate ids of each of ``sigs``: from the band cache when it can answer for
-        this snapshot, else from the band tables (each distinct bucket read once)."""
+    def _candidate_sets(
+        self, sigs: npt.NDArray[np.uint32]
+    ) -> tuple[list[set[bytes]], dict[bytes, bytes]]:
+        """Candidate ids of each of ``sigs``, and the records already read on the way:
+        from the band cache when it can answer for this snapshot (which reads each
+        candidate's record to drop those the snapshot lacks), else from the band tables
+        (each distinct bucket read once, no records)."""
         cache = self._band_cache()
         if cache is None:
-            return self._candidates_many(self._band_key_matrix(sigs))
+            return self._candidates_many(self._band_key_matrix(sigs)), {}
         ids, ends = cache.candidates(sigs)
-        present = {doc_id for doc_id, _ in self._cached_records(ids)} if len(ids) else set()
+        records = dict(self._cached_records(ids)) if len(ids) else {}
         raw = ids.astype(">u8").tobytes()
         found = [raw[i : i + 8] for i in range(0, len(raw), 8)]
         starts = [0, *ends.tolist()]
-        return [present.intersection(found[lo:hi]) for lo, hi in itertools.pairwise(starts)]
+        sets = [records.keys() & found[lo:hi] for lo, hi in itertools.pairwise(starts)]
+        return sets, records
 
     def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
         """Candidate ids of many queries, each distinct bucket of a batch read once."""
@@ -484,9 +489,18 @@ class ReadTxn:
                         found[query].update(ids)
         return found
 
-    def _signatures_of(self, ids: Sequence[bytes]) -> npt.NDArray[np.uint32]:
-        """The stored signatures of ``ids`` (each record's checksum verified), one per row."""
-        return np.stack([codec.decode_signature(self._record(i), codec.decode_id(i)) for i in ids])
+    def _signatures_of(
+        self, ids: Sequence[bytes], records: dict[bytes, bytes] | None = None
+    ) -> npt.NDArray[np.uint32]:
+        """The stored signatures of ``ids`` (each record's checksum verified), one per row;
+        ``records`` holds some already read."""
+        records = records or {}
+        return np.stack(
+            [
+                codec.decode_signature(records.get(i) or self._record(i), codec.decode_id(i))
+                for i in ids
+            ]
+        )
 
     def _verify(
         self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float

@@ -155,42 +155,40 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def timed_passes(txn: Any, queries: np.ndarray) -> list[tuple[dict[str, float], int]]:
+    """Two timed passes of single signature queries in ``txn``, each with its major
+    faults: the second pass shows the latency once the first brought its pages in."""
+    passes = []
+    for _ in range(2):
+        faults = major_faults()
+        latency = time_each(lambda q, txn=txn: txn.query(signature=q), queries)
+        passes.append((percentiles(latency), major_faults() - faults))
+    return passes
+
+
 def signature_passes(store: Any, queries: np.ndarray) -> dict[str, Any]:
-    """Two timed passes of single signature queries, through LMDB and through the band
-    cache, the second pass of each showing the latency once its pages are in memory.
-    Also the time the cache took to catch up with the store (built at the first cached
-    query, then reading the documents added since) and its size."""
-    figures: dict[str, Any] = {}
+    """:func:`timed_passes` through LMDB and through the band cache, the time the cache
+    took to catch up with the store (built at the first cached query, then reading the
+    documents added since) and its size."""
     with store.read() as txn:
         with lmdb_lookups(store):
-            passes = []
-            for _ in range(2):  # the second pass reads pages the first brought in
-                faults = major_faults()
-                latency = time_each(lambda q, txn=txn: txn.query(signature=q), queries)
-                passes.append((percentiles(latency), major_faults() - faults))
-        before = resident_bytes()
+            passes = timed_passes(txn, queries)
         start = time.perf_counter()
         txn.query(signature=queries[0])
-        figures["band_cache_catch_up_s"] = time.perf_counter() - start
-        cached = []
-        for _ in range(2):
-            faults = major_faults()
-            latency = time_each(lambda q, txn=txn: txn.query(signature=q), queries)
-            cached.append((percentiles(latency), major_faults() - faults))
-    cache = store._band_cache
-    figures.update({
+        catch_up = time.perf_counter() - start
+        cached = timed_passes(txn, queries)
+    return {
         "query_signature": passes[0][0],
         "query_major_faults": passes[0][1],
         "query_signature_again": passes[1][0],
         "query_again_major_faults": passes[1][1],
+        "band_cache_catch_up_s": catch_up,
         "query_signature_cached": cached[0][0],
         "query_cached_major_faults": cached[0][1],
         "query_signature_cached_again": cached[1][0],
         "query_cached_again_major_faults": cached[1][1],
-        "band_cache_bytes": cache.nbytes,
-        "band_cache_resident_growth_bytes": resident_bytes() - before,
-    })  # fmt: skip
-    return figures
+        "band_cache_bytes": store._band_cache.nbytes,
+    }
 
 
 def ours_large(
