@@ -18,7 +18,10 @@ Why it can answer for a snapshot without replaying what each commit changed:
   no record in the snapshot (removed, or added by a later commit) is skipped.
 * A snapshot older than the one the cache last caught up to may hold a document removed
   in between, which the cache never saw: such a snapshot queries through LMDB instead.
-  So does a write transaction, whose own uncommitted documents are not in the cache.
+  So does a write transaction once it has written: its own documents are in no
+  cache. Before its first write it reads the snapshot it began on (numbered one below
+  its own transaction id), and the cache catches up with that, never with records the
+  transaction wrote, which an abort could hand out again.
 
 Candidates are the same as LMDB's: the cache keys each entry by the bytes of the band key
 the store's :class:`~.codec.BandLayout` keeps (40 bits in format 4). Entries of removed
@@ -241,10 +244,12 @@ class BandCache:
         """Entries held, those of removed documents included."""
         return self._state[1].entries
 
-    def ready_for(self, txn: lmdb.Transaction) -> CacheLookup | None:
-        """Lookups that answer for the snapshot ``txn`` (after catching up with it), or
-        ``None`` if the cache cannot answer for it (an older snapshot)."""
-        snapshot = txn.id()
+    def ready_for(self, txn: lmdb.Transaction, snapshot: int | None = None) -> CacheLookup | None:
+        """Lookups that answer for the snapshot ``txn`` reads (after catching up with it),
+        or ``None`` if the cache cannot answer for it (an older snapshot). ``snapshot``
+        numbers it when ``txn.id()`` does not: a write transaction that has not written
+        reads the snapshot before its own number."""
+        snapshot = txn.id() if snapshot is None else snapshot
         synced, tables = self._state
         if snapshot == synced:
             return CacheLookup(self, tables)

@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from . import codec
 from .errors import EmptyDocumentError, InvalidParameterError, NeardupError
-from .txn import Key, Match
+from .txn import Key, Match, UniqueResult
 
 if TYPE_CHECKING:
     from .minhash import MinHasher
@@ -452,23 +452,59 @@ def _add_unique(
     txn: Any, signed: list[_Signed], threshold: float | None
 ) -> tuple[int, list[Skipped], Key | None]:
     """Add each document unless a stored or earlier one near-duplicates it (in order)."""
-    # add_if_unique per item with the precomputed signature is add_many_if_unique
-    # without signing the texts a second time.
     added, skipped, probe = 0, [], None
-    for doc in signed:
+    for doc, result in zip(signed, _unique_in_order(txn, signed, threshold, True), strict=True):
         key = doc.record.key
-        if key in txn:
+        if result is None:
             skipped.append(Skipped(key, "key already in the store"))
-            continue
-        result = txn.add_if_unique(
-            key, signature=doc.signature, threshold=threshold, metadata=doc.record.metadata
-        )
-        if result.added:
+        elif result.added:
             added += 1
             probe = key if probe is None else probe
         else:
             skipped.append(Skipped(key, "near-duplicate", tuple(result.matches)))
     return added, skipped, probe
+
+
+def _unique_in_order(
+    txn: Any, signed: Sequence[_Signed], threshold: float | None, metadata: bool
+) -> list[UniqueResult | None]:
+    """``add_if_unique`` of each document in order with its precomputed signature (and
+    its metadata if ``metadata``), or ``None`` where the key is already stored.
+
+    The same answers as one call per document, but each stretch of documents with no
+    key repeated goes to ``add_signatures_if_unique`` as one batch: a repeated key is
+    decided only after its earlier occurrence is.
+    """
+    results: list[UniqueResult | None] = [None] * len(signed)
+    stretch: list[int] = []
+    keys: set[Key] = set()
+
+    def decide() -> None:
+        items = [
+            (
+                signed[i].record.key,
+                signed[i].signature,
+                signed[i].record.metadata if metadata else None,
+            )
+            for i in stretch
+        ]
+        for i, result in zip(
+            stretch, txn.add_signatures_if_unique(items, threshold=threshold), strict=True
+        ):
+            results[i] = result
+        stretch.clear()
+        keys.clear()
+
+    for position, doc in enumerate(signed):
+        key = doc.record.key
+        if key in keys:
+            decide()
+        if key not in txn:
+            stretch.append(position)
+            keys.add(key)
+    if stretch:
+        decide()
+    return results
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -643,13 +679,13 @@ def _dedup_batch(
     dropped_out: list[bytes] = []
     probe: Key | None = None
     with store.write() as txn:
-        for doc in signed:
+        decided = _unique_in_order(txn, signed, threshold, False)
+        for doc, result in zip(signed, decided, strict=True):
             key = doc.record.key
             raw, obj = parsed[id(doc.record)]
-            if key in txn:
+            if result is None:
                 new.failed.append([doc.record.source, f"key {key!r} is already in the store"])
                 continue
-            result = txn.add_if_unique(key, signature=doc.signature, threshold=threshold)
             if result.added:
                 probe = key if probe is None else probe
                 keep_out.append(raw.rstrip(b"\r\n") + b"\n")

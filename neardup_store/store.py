@@ -848,6 +848,11 @@ class Store:
         with self.write() as txn:
             return txn.add_many_if_unique(items, **options)
 
+    def add_signatures_if_unique(self, items: Iterable[Any], **options: Any) -> list[UniqueResult]:
+        """See :meth:`WriteTxn.add_signatures_if_unique` (one transaction)."""
+        with self.write() as txn:
+            return txn.add_signatures_if_unique(items, **options)
+
     def sync(self) -> None:
         """Flush to disk (useful after bulk work with ``durable=False``)."""
         env = self._require_env()

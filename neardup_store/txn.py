@@ -123,6 +123,18 @@ class _PreparedBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def take(self, rows: Sequence[int]) -> _PreparedBatch:
+        """The documents at ``rows``, in that order."""
+        return _PreparedBatch(
+            keys=[self.keys[i] for i in rows],
+            raw_keys=[self.raw_keys[i] for i in rows],
+            str_keys=[self.str_keys[i] for i in rows],
+            indexes=[self.indexes[i] for i in rows],
+            metadata=[self.metadata[i] for i in rows],
+            signatures=self.signatures[list(rows)],
+            band_keys=self.band_keys[list(rows)],
+        )
+
     def docs(self) -> list[_Prepared]:
         """One :class:`_Prepared` per document."""
         columns = (self.keys, self.raw_keys, self.str_keys, self.signatures)
@@ -303,25 +315,35 @@ class ReadTxn:
         limit = _check_limit(limit)
         if len(sigs) == 1:
             return [self._query_one(sigs[0], threshold, limit)]
+        return [self._to_matches(scored, limit) for scored in self._scored_many(sigs, threshold)]
+
+    def _scored_many(
+        self, sigs: npt.NDArray[np.uint32], threshold: float
+    ) -> list[list[tuple[bytes, float]]]:
+        """``(id, score)`` of each signature's stored near-duplicates (in no order)."""
         candidates, records = self._candidate_sets(sigs)
+        results: list[list[tuple[bytes, float]]] = [[] for _ in candidates]
         wanted = sorted(set().union(*candidates))
         if not wanted:
-            return [[] for _ in candidates]
+            return results
         # Every candidate's signature is read and checked once, however many queries of
-        # the batch share it; each query is then one vectorised comparison.
+        # the batch share it; all (query, candidate) pairs are then one comparison.
         position = {doc_id: i for i, doc_id in enumerate(wanted)}
         stored = self._signatures_of(wanted, records)
+        askers = np.repeat(np.arange(len(candidates)), [len(ids) for ids in candidates])
+        rows = np.fromiter((position[i] for ids in candidates for i in ids), np.intp, len(askers))
         num_perm = stored.shape[1]
-        results = []
-        for sig, ids in zip(sigs, candidates, strict=True):
-            if not ids:
-                results.append([])
-                continue
-            ordered = sorted(ids)
-            rows = stored[[position[i] for i in ordered]]
-            scores = np.count_nonzero(rows == sig, axis=1) / num_perm
-            scored = [(i, float(x)) for i, x in zip(ordered, scores, strict=True) if x >= threshold]
-            results.append(self._to_matches(scored, limit))
+        for lo in range(0, len(rows), _PAIRS_PER_COMPARISON):
+            asker, row = (
+                askers[lo : lo + _PAIRS_PER_COMPARISON],
+                rows[lo : lo + _PAIRS_PER_COMPARISON],
+            )
+            scores = np.count_nonzero(stored[row] == sigs[asker], axis=1) / num_perm
+            hits = np.flatnonzero(scores >= threshold)
+            for query, at, score in zip(
+                asker[hits].tolist(), row[hits].tolist(), scores[hits].tolist(), strict=True
+            ):
+                results[query].append((wanted[at], score))
         return results
 
     def _query_one(
@@ -384,14 +406,6 @@ class ReadTxn:
         return results
 
     # -- shared machinery ----------------------------------------------------------------
-
-    def _band_key_matrix(self, sigs: npt.NDArray[np.uint32]) -> list[bytes]:
-        """Each signature's band keys as one bytes row (8 big-endian bytes per band)."""
-        store = self._store
-        keys = band_keys(sigs, store.banding, store.config.seed)
-        raw = np.ascontiguousarray(keys, dtype=">u8").tobytes()
-        width = 8 * store.banding.bands
-        return [raw[i : i + width] for i in range(0, len(raw), width)]
 
     def _band_key_rows(self, sigs: npt.NDArray[np.uint32]) -> list[list[bytes]]:
         store = self._store
@@ -464,7 +478,9 @@ class ReadTxn:
         (each distinct bucket read once, no records)."""
         cache = self._band_cache()
         if cache is None:
-            return self._candidates_many(self._band_key_matrix(sigs)), {}
+            store = self._store
+            keys = band_keys(sigs, store.banding, store.config.seed)
+            return self._candidates_many(keys), {}
         ids, ends = cache.candidates(sigs)
         records = dict(self._cached_records(ids)) if len(ids) else {}
         raw = ids.astype(">u8").tobytes()
@@ -473,19 +489,21 @@ class ReadTxn:
         sets = [records.keys() & found[lo:hi] for lo, hi in itertools.pairwise(starts)]
         return sets, records
 
-    def _candidates_many(self, rows: Sequence[bytes]) -> list[set[bytes]]:
-        """Candidate ids of many queries, each distinct bucket of a batch read once."""
-        found: list[set[bytes]] = [set() for _ in rows]
-        for band in range(self._store.banding.bands):
-            lo = 8 * band
-            askers: dict[bytes, list[int]] = {}
-            for query, row in enumerate(rows):
-                askers.setdefault(row[lo : lo + 8], []).append(query)
-            # Sorted keys walk each table in order, so neighbouring lookups share pages.
-            for band_key in sorted(askers):
-                ids = self._bucket(band, band_key)
+    def _candidates_many(self, keys: npt.NDArray[np.uint64]) -> list[set[bytes]]:
+        """Candidate ids of many queries (one row of band keys each), each distinct bucket
+        of a batch read once, in table order through the band's one cursor."""
+        found: list[set[bytes]] = [set() for _ in range(len(keys))]
+        layout = self._store._band_layout
+        for band in range(keys.shape[1]):
+            askers: dict[tuple[bytes, bytes], list[int]] = {}
+            for query, bucket in enumerate(layout.buckets(keys[:, band])):
+                askers.setdefault(bucket, []).append(query)
+            cursor = self._band_cursor(band)
+            # Sorted buckets walk the table in order, so neighbouring lookups share pages.
+            for bucket in sorted(askers):
+                ids = self._bucket_ids(((cursor, bucket),))
                 if ids:
-                    for query in askers[band_key]:
+                    for query in askers[bucket]:
                         found[query].update(ids)
         return found
 
@@ -524,6 +542,7 @@ class ReadTxn:
 
 
 _EXACT_CHUNK = 1000  # queries per batch of exact re-verification
+_PAIRS_PER_COMPARISON = 8192  # (query, candidate) pairs compared at once: 8 MB at 256 values
 
 
 def _check_limit(limit: int | None) -> int | None:
@@ -541,10 +560,16 @@ class WriteTxn(ReadTxn):
         self._poisoned: str | None = None
         self._next_id: int | None = None
         self._replaying = False
+        self._wrote = False  # since the LMDB transaction began
 
-    def _band_cache(self) -> None:
-        """Never: the cache holds committed documents, not this transaction's own."""
-        return None
+    def _band_cache(self) -> CacheLookup | None:
+        """The cache, until this transaction writes: before its first write it sees the
+        snapshot it began on (LMDB numbers a write transaction one past that), after it
+        holds documents of its own that no cache has."""
+        cache = self._store._band_cache
+        if cache is None or self._wrote:
+            return None
+        return cache.ready_for(self.txn, self.txn.id() - 1)
 
     # Reads inside a write transaction are logged too: after a replay they must still say
     # what the caller based its writes on.
@@ -576,6 +601,7 @@ class WriteTxn(ReadTxn):
         self._txn = self._store._grow_and_begin_write()
         self.epoch = self._store.map_epoch
         self._next_id = None
+        self._wrote = False
         for operation, args, kwargs, expected in self._log:
             try:
                 again = _fingerprint(operation(*args, **kwargs))
@@ -599,6 +625,7 @@ class WriteTxn(ReadTxn):
                 txn.abort()
 
     def _writing(self) -> _Poisoner:
+        self._wrote = True
         return _Poisoner(self)
 
     def _finish(self, commit: bool) -> None:
@@ -802,19 +829,24 @@ class WriteTxn(ReadTxn):
         batch = [document_item(entry) for entry in items]
         if not batch:
             return 0
+        prepared = prepare_batch(self._store, batch, self._stack_signatures(batch))
+        if not replace:
+            return self._add_prepared(prepared)
+        for doc in prepared.docs():
+            self._run(self._store_prepared, doc, replace)
+        return len(prepared)
+
+    def _stack_signatures(
+        self, batch: Sequence[tuple[object, object, object]]
+    ) -> npt.NDArray[np.uint32]:
+        """The signatures of ``(key, signature, metadata)`` items as one checked matrix."""
         try:
             stacked = np.array([sig for _, sig, _ in batch])
         except ValueError:  # numpy refuses rows of different lengths
             raise InvalidParameterError(
                 "signatures", "rows of different shapes", "one shape (num_perm,) for every item"
             ) from None
-        signatures = self._store._check_signatures(stacked)
-        prepared = prepare_batch(self._store, batch, signatures)
-        if not replace:
-            return self._add_prepared(prepared)
-        for doc in prepared.docs():
-            self._run(self._store_prepared, doc, replace)
-        return len(prepared)
+        return self._store._check_signatures(stacked)
 
     def _check_new_keys(self, batch: _PreparedBatch) -> None:
         """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
@@ -879,9 +911,9 @@ class WriteTxn(ReadTxn):
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
         if self.txn.get(doc.index, db=self._store._keys_db) is not None:
             raise DuplicateKeyError(doc.key)
-        scored = self._verify(doc.signature, self._candidates(doc.band_keys), threshold)
-        if scored:
-            return UniqueResult(doc.key, False, self._to_matches(scored, None))
+        matches = self._query_one(doc.signature, threshold, None)
+        if matches:
+            return UniqueResult(doc.key, False, matches)
         self._insert(doc)
         return UniqueResult(doc.key, True, [])
 
@@ -919,9 +951,87 @@ class WriteTxn(ReadTxn):
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
         batch = [document_item(entry) for entry in items]
-        prepared = prepare_batch(self._store, batch, encoding=encoding)
-        self._check_new_keys(prepared)
-        return [self._run(self._add_unique, doc, threshold) for doc in prepared.docs()]
+        return self._add_unique_prepared(
+            prepare_batch(self._store, batch, encoding=encoding), threshold
+        )
+
+    def add_signatures_if_unique(
+        self,
+        items: Iterable[tuple[Key, npt.ArrayLike] | tuple[Key, npt.ArrayLike, Any]],
+        *,
+        threshold: float | None = None,
+    ) -> list[UniqueResult]:
+        """:meth:`add_many_if_unique` for ``(key, signature[, metadata])`` items computed
+        elsewhere, as :meth:`add_signatures` takes them."""
+        self._store._check_writable()
+        threshold = self._store._check_threshold(threshold)
+        batch = [document_item(entry) for entry in items]
+        if not batch:
+            return []
+        prepared = prepare_batch(self._store, batch, self._stack_signatures(batch))
+        return self._add_unique_prepared(prepared, threshold)
+
+    def _add_unique_prepared(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
+        self._check_new_keys(batch)
+        if not batch:
+            return []
+        return self._run(self._add_unique_batch, batch, threshold)  # type: ignore[no-any-return]
+
+    def _add_unique_batch(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
+        """:meth:`_add_unique` of every document of ``batch`` in order, with the answers
+        of doing them one at a time, but the stored near-duplicates found by one batched
+        query and the added documents written by one :meth:`_insert_new`.
+
+        A document is checked against what the transaction held before the batch and
+        against the batch's earlier documents that were added, found through the same
+        buckets (the band key bytes the layout keeps) that the band tables would find
+        them in. Matches sort by score, then id; the batch's documents get ids above
+        every stored one, in the order they are added.
+        """
+        stored = self._scored_many(batch.signatures, threshold)
+        kept_bits = 8 * self._store._band_layout.band_key_bytes
+        kept = batch.band_keys >> np.uint64(64 - kept_bits)
+        shared = _shares_a_bucket(kept)
+        buckets: list[dict[int, list[int]]] = [{} for _ in range(self._store.banding.bands)]
+        sigs, num_perm = batch.signatures, batch.signatures.shape[1]
+        added: list[int] = []
+        outcomes: list[list[tuple[float, int, Any]] | None] = []
+        for row, scored in enumerate(stored):
+            found: list[tuple[float, int, Any]] = [(-score, 0, i) for i, score in scored]
+            keys = kept[row].tolist() if shared[row] else ()
+            earlier = {j for band, key in enumerate(keys) for j in buckets[band].get(key, ())}
+            if earlier:
+                ordered = sorted(earlier)
+                scores = np.count_nonzero(sigs[ordered] == sigs[row], axis=1) / num_perm
+                found += [
+                    (-x, 1, j)
+                    for j, x in zip(ordered, scores.tolist(), strict=True)
+                    if x >= threshold
+                ]
+            if found:
+                outcomes.append(sorted(found))
+                continue
+            outcomes.append(None)
+            added.append(row)
+            for band, key in enumerate(keys):  # only a later document can find it here
+                buckets[band].setdefault(key, []).append(row)
+        self._insert_new(batch.take(added))
+        results = []
+        for key, matches in zip(batch.keys, outcomes, strict=True):
+            if matches is None:
+                results.append(UniqueResult(key, True, []))
+                continue
+            results.append(
+                UniqueResult(
+                    key,
+                    False,
+                    [
+                        Match(self._key_of(ref) if tier == 0 else batch.keys[ref], -negative)
+                        for negative, tier, ref in matches
+                    ],
+                )
+            )
+        return results
 
 
 class _Poisoner:
@@ -944,6 +1054,19 @@ class _Poisoner:
         if isinstance(error, lmdb.Error):  # an engine error must not reach the caller raw
             typed = self._owner._store._translate(error)
             raise (typed if typed is not error else TransactionAbortedError(cause)) from error
+
+
+def _shares_a_bucket(kept: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+    """Which rows of a batch's kept band keys (one row per document, one column per
+    band) share a bucket with another row of the batch in some band."""
+    shared = np.zeros(len(kept), dtype=bool)
+    for column in kept.T:
+        order = np.argsort(column, kind="stable")
+        ordered = column[order]
+        same = ordered[1:] == ordered[:-1]
+        shared[order[1:][same]] = True
+        shared[order[:-1][same]] = True
+    return shared
 
 
 def prepare_batch(

@@ -112,14 +112,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries = bench_store.near_queries(
             sigs[: checkpoints[0]], 1000 if args.quick else 2000, args.seed
         )
+        dedup = bench_store.dedup_signatures(
+            sigs[: checkpoints[0]], 20_000 if args.quick else 40_000, args.seed + 1
+        )
         log("our store")
         report["store_ours"] = bench_store.ours_large(
-            sigs, queries, real[:1000], checkpoints, workdir, log
+            sigs, queries, real[:1000], checkpoints, dedup, workdir, log
         )
         log("datasketch in memory")
         dsk_n = min(args.large, 1_000_000)
         report["store_datasketch_memory"] = bench_store.datasketch_memory(
-            sigs[:dsk_n], queries, 100_000 if not args.quick else 20_000, log
+            sigs[:dsk_n], queries, dedup, 100_000 if not args.quick else 20_000, log
         )
         log("datasketch on Redis")
         report["store_datasketch_redis"] = bench_store.datasketch_redis(
@@ -375,6 +378,22 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def dedup_rows(mine: dict[str, Any], mem: dict[str, Any] | None) -> list[str]:
+    """Table rows of the dedup-on-ingest figure (runs before it lack it)."""
+    ours = mine.get("dedup")
+    if not ours:
+        return []
+    peer = (mem or {}).get("dedup_docs_per_s")
+    ratio = f" ({ours['batched_docs_per_s'] / peer:.2f}×)" if peer else ""
+    return [
+        f"| dedup on ingest (`add_signatures_if_unique`, 10k per transaction; datasketch: "
+        f"query, check estimates, insert), docs/s | {ours['batched_docs_per_s']:.0f}{ratio} | "
+        f"{'n/a' if peer is None else f'{peer:.0f}'} | |",
+        f"| … `add_if_unique` one document at a time, docs/s | "
+        f"{ours['one_at_a_time_docs_per_s']:.0f} | | |",
+    ]
+
+
 def render(report: dict[str, Any]) -> str:
     """The Markdown report: settings, every figure, and the targets."""
     m = report["machine"]
@@ -485,6 +504,7 @@ def render(report: dict[str, Any]) -> str:
             f"| query by text p50 / p99, µs | {qt['p50_us']:.0f} / {qt['p99_us']:.0f} | | |",
             f"| batch query by text, docs/s | {mine['batch_query_text_per_s']:.0f} | | |",
             *cache_rows,
+            *dedup_rows(mine, mem),
             f"| remove (batched), docs/s | {mine['remove_per_s']:.0f} | "
             f"{cell(mem, 'remove_per_s')} | {cell(red, 'remove_per_s')} |",
             f"| bytes per document | {last['used_bytes_per_doc']:.0f} on disk "

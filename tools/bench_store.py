@@ -118,6 +118,50 @@ def near_queries(sigs: np.ndarray, count: int, seed: int) -> np.ndarray:
     return out
 
 
+def dedup_signatures(stored: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """Signatures for the dedup-on-ingest figure, per batch of :data:`BATCH`: 30 %
+    :func:`perturbed` copies of ``stored`` documents, 10 % of the batch's own new ones
+    (after them), the rest new."""
+    rng = np.random.default_rng(seed)
+    out = rng.integers(0, 2**32, size=(count, stored.shape[1]), dtype=np.uint32)
+    for lo in range(0, count, BATCH):
+        size = min(BATCH, count - lo)
+        copies, echoes = size * 3 // 10, size // 10
+        out[lo : lo + copies] = perturbed(stored[rng.integers(0, len(stored), copies)], rng)
+        out[lo + size - echoes : lo + size] = perturbed(
+            out[lo + copies : lo + copies + echoes], rng
+        )
+    return out
+
+
+ONE_AT_A_TIME = BATCH  # dedup-on-ingest documents added with add_if_unique one at a time
+
+
+def ours_dedup(store: Any, sigs: np.ndarray) -> dict[str, Any]:
+    """Dedup on ingest into ``store``: ``add_if_unique`` one document at a time in one
+    transaction for the first :data:`ONE_AT_A_TIME` of ``sigs``, then
+    ``add_signatures_if_unique`` per :data:`BATCH` (a transaction each) for the rest."""
+    result: dict[str, Any] = {}
+    first = [(f"u{i}", sigs[i]) for i in range(ONE_AT_A_TIME)]
+    gc.collect()
+    start = time.perf_counter()
+    with store.write() as txn:
+        added = sum(txn.add_if_unique(key, signature=sig).added for key, sig in first)
+    result["one_at_a_time_docs_per_s"] = len(first) / (time.perf_counter() - start)
+    result["one_at_a_time_added"] = added
+    seconds, added = 0.0, 0
+    for lo in range(ONE_AT_A_TIME, len(sigs), BATCH):
+        items = [(f"u{i}", sigs[i]) for i in range(lo, min(len(sigs), lo + BATCH))]
+        gc.collect()
+        start = time.perf_counter()
+        added += sum(r.added for r in store.add_signatures_if_unique(items))
+        seconds += time.perf_counter() - start
+    result["batched_docs_per_s"] = (len(sigs) - ONE_AT_A_TIME) / seconds
+    result["batched_added"] = added
+    result["documents"] = len(sigs)
+    return result
+
+
 def time_each(run: Callable[[Any], object], items: Sequence[Any]) -> list[float]:
     """Wall time of ``run(item)`` for each item (after a warm-up of 20 items)."""
     for item in items[:20]:
@@ -193,12 +237,12 @@ def signature_passes(store: Any, queries: np.ndarray) -> dict[str, Any]:
 
 def ours_large(
     sigs: np.ndarray, queries: np.ndarray, texts: Sequence[str], checkpoints: Sequence[int],
-    workdir: Path, log: Callable[[str], None],
+    dedup: np.ndarray, workdir: Path, log: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
-    """Ingest, query, remove and size figures of our store at ``len(sigs)`` documents,
-    with ingest rate, signature query latency and size also at each of ``checkpoints``.
-    Queries are timed through LMDB and through the band cache (``band_cache=True``),
-    which ingest never touches."""
+    """Ingest, query, dedup-on-ingest, remove and size figures of our store at
+    ``len(sigs)`` documents, with ingest rate, signature query latency and size also at
+    each of ``checkpoints``. Queries are timed through LMDB and through the band cache
+    (``band_cache=True``), which ingest never touches."""
     from neardup_store import Store
 
     n = len(sigs)
@@ -249,6 +293,8 @@ def ours_large(
             result["query_matches"] = matches
         result["bytes_per_doc"] = used_bytes(store) / n
         result["file_bytes_per_doc"] = os.path.getsize(path / "data.mdb") / n
+        result["dedup"] = ours_dedup(store, dedup)
+        log(f"ours, dedup on ingest: {result['dedup']}")
         keys = removal_keys(n)
         start = time.perf_counter()
         for lo in range(0, len(keys), BATCH):
@@ -257,7 +303,7 @@ def ours_large(
         log("compacting")
         report = store.compact()
         result["compact"] = repr(report)
-        result["bytes_per_doc_compacted"] = used_bytes(store) / (n - len(keys))
+        result["bytes_per_doc_compacted"] = used_bytes(store) / len(store)
     shutil.rmtree(path, ignore_errors=True)
     return result
 
@@ -278,8 +324,9 @@ class _Sketch:
 
 
 def datasketch_memory(
-    sigs: np.ndarray, queries: np.ndarray, pickle_docs: int, log: Callable[[str], None]
-) -> dict[str, Any]:
+    sigs: np.ndarray, queries: np.ndarray, dedup: np.ndarray, pickle_docs: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
     """datasketch MinHashLSH in memory, same signatures (as uint64 hash values)."""
     from datasketch import MinHashLSH
 
@@ -315,6 +362,19 @@ def datasketch_memory(
         ]
 
     result["query_signature_verified"] = percentiles(time_each(query_verified, q))
+    # Dedup on ingest, as a MinHashLSH user writes it: query, check the candidates'
+    # estimates, insert when none reaches the threshold.
+    fresh = [(f"u{i}", _Sketch(row)) for i, row in enumerate(dedup.astype(np.uint64))]
+    gc.collect()
+    start = time.perf_counter()
+    added = 0
+    for key, sketch in fresh:
+        if not query_verified(sketch):
+            lsh.insert(key, sketch, check_duplication=False)
+            kept[key] = sketch.hashvalues
+            added += 1
+    result["dedup_docs_per_s"] = len(fresh) / (time.perf_counter() - start)
+    result["dedup_added"] = added
     del kept
     keys = removal_keys(len(sigs))
     start = time.perf_counter()
