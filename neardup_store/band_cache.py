@@ -229,7 +229,7 @@ class BandCache:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._keep = np.uint64(64 - 8 * store._band_layout.band_key_bytes)
+        self._keep = store._band_layout.kept_shift
         # (snapshot the tables last caught up to, the tables): one attribute, so that a
         # reader never pairs a snapshot with tables made for another.
         self._state: tuple[int, _Tables] = (-1, _Tables(store.banding.bands))
@@ -267,8 +267,7 @@ class BandCache:
     def kept(self, sigs: npt.NDArray[np.uint32]) -> Table:
         """Each signature's band keys as the cache keys them (the bytes the layout keeps)."""
         store = self._store
-        keys = band_keys(sigs, store.banding, store.config.seed)
-        return keys >> self._keep if self._keep else keys
+        return store._band_layout.kept(band_keys(sigs, store.banding, store.config.seed))
 
     def _candidates(self, tables: _Tables, sigs: npt.NDArray[np.uint32]) -> tuple[Table, Table]:
         banding = self._store.banding

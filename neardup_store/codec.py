@@ -210,6 +210,16 @@ class BandLayout:
         """One more than the largest document id the layout can hold."""
         return 1 << (8 * self.id_bytes)
 
+    @functools.cached_property
+    def kept_shift(self) -> np.uint64:
+        """The right shift that leaves a band key's kept bytes (as an integer)."""
+        return np.uint64(64 - 8 * self.band_key_bytes)
+
+    def kept(self, band_keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """``band_keys`` cut to the bytes that name their buckets: equal exactly when
+        the band tables put two entries in one bucket."""
+        return band_keys >> self.kept_shift
+
     @functools.cached_property  # read by every query
     def lowest_value(self) -> bytes:
         """The least value a table can hold: where a bucket with no lead starts."""
@@ -243,8 +253,7 @@ class BandLayout:
         self, band_keys: npt.NDArray[np.uint64], ids: npt.NDArray[np.uint64]
     ) -> Iterator[tuple[bytes, bytes]]:
         """The entries of documents ``ids`` with ``band_keys`` (one band), in table order."""
-        kept = band_keys >> np.uint64(64 - 8 * self.band_key_bytes)
-        order = np.lexsort((ids, kept))
+        order = np.lexsort((ids, self.kept(band_keys)))
         pairs = np.empty((len(order), 2), dtype=">u8")
         pairs[:, 0], pairs[:, 1] = band_keys[order], ids[order]
         raw = pairs.view(np.uint8)

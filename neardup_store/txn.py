@@ -807,12 +807,7 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         batch = [document_item(entry) for entry in items]
-        prepared = prepare_batch(self._store, batch, encoding=encoding)
-        if not replace:
-            return self._add_prepared(prepared)
-        for doc in prepared.docs():
-            self._run(self._store_prepared, doc, replace)
-        return len(prepared)
+        return self._add_batch(prepare_batch(self._store, batch, encoding=encoding), replace)
 
     def add_signatures(
         self,
@@ -829,7 +824,13 @@ class WriteTxn(ReadTxn):
         batch = [document_item(entry) for entry in items]
         if not batch:
             return 0
-        prepared = prepare_batch(self._store, batch, self._stack_signatures(batch))
+        return self._add_batch(
+            prepare_batch(self._store, batch, self._stack_signatures(batch)), replace
+        )
+
+    def _add_batch(self, prepared: _PreparedBatch, replace: bool) -> int:
+        """Write a prepared batch: new keys in one multi-put, or each document in turn
+        when ``replace`` may meet a stored key."""
         if not replace:
             return self._add_prepared(prepared)
         for doc in prepared.docs():
@@ -989,8 +990,7 @@ class WriteTxn(ReadTxn):
         every stored one, in the order they are added.
         """
         stored = self._scored_many(batch.signatures, threshold)
-        kept_bits = 8 * self._store._band_layout.band_key_bytes
-        kept = batch.band_keys >> np.uint64(64 - kept_bits)
+        kept = self._store._band_layout.kept(batch.band_keys)
         shared = _shares_a_bucket(kept)
         buckets: list[dict[int, list[int]]] = [{} for _ in range(self._store.banding.bands)]
         sigs, num_perm = batch.signatures, batch.signatures.shape[1]
