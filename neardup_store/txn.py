@@ -315,17 +315,19 @@ class ReadTxn:
         limit = _check_limit(limit)
         if len(sigs) == 1:
             return [self._query_one(sigs[0], threshold, limit)]
-        return [self._to_matches(scored, limit) for scored in self._scored_many(sigs, threshold)]
+        scored, records = self._scored_many(sigs, threshold)
+        return [self._to_matches(found, limit, records) for found in scored]
 
     def _scored_many(
         self, sigs: npt.NDArray[np.uint32], threshold: float
-    ) -> list[list[tuple[bytes, float]]]:
-        """``(id, score)`` of each signature's stored near-duplicates (in no order)."""
+    ) -> tuple[list[list[tuple[bytes, float]]], dict[bytes, bytes]]:
+        """``(id, score)`` of each signature's stored near-duplicates (in no order), and
+        the candidates' records, read once here, for the matches' keys."""
         candidates, records = self._candidate_sets(sigs)
         results: list[list[tuple[bytes, float]]] = [[] for _ in candidates]
         wanted = sorted(set().union(*candidates))
         if not wanted:
-            return results
+            return results, records
         # Every candidate's signature is read and checked once, however many queries of
         # the batch share it; all (query, candidate) pairs are then one comparison.
         position = {doc_id: i for i, doc_id in enumerate(wanted)}
@@ -344,7 +346,7 @@ class ReadTxn:
                 asker[hits].tolist(), row[hits].tolist(), scores[hits].tolist(), strict=True
             ):
                 results[query].append((wanted[at], score))
-        return results
+        return results, records
 
     def _query_one(
         self, sig: npt.NDArray[np.uint32], threshold: float, limit: int | None
@@ -510,15 +512,21 @@ class ReadTxn:
     def _signatures_of(
         self, ids: Sequence[bytes], records: dict[bytes, bytes] | None = None
     ) -> npt.NDArray[np.uint32]:
-        """The stored signatures of ``ids`` (each record's checksum verified), one per row;
-        ``records`` holds some already read."""
-        records = records or {}
-        return np.stack(
-            [
-                codec.decode_signature(records.get(i) or self._record(i), codec.decode_id(i))
-                for i in ids
-            ]
-        )
+        """The stored signatures of ``ids`` (each record's checksum verified), one per row.
+
+        ``records``, if given, holds records already read and receives those read here.
+        """
+        if records is None:
+            return np.stack(
+                [codec.decode_signature(self._record(i), codec.decode_id(i)) for i in ids]
+            )
+        rows = []
+        for doc_id in ids:
+            record = records.get(doc_id)
+            if record is None:
+                record = records[doc_id] = self._record(doc_id)
+            rows.append(codec.decode_signature(record, codec.decode_id(doc_id)))
+        return np.stack(rows)
 
     def _verify(
         self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float
@@ -530,15 +538,21 @@ class ReadTxn:
         scores = np.count_nonzero(stored == sig, axis=1) / stored.shape[1]
         return [(i, float(s)) for i, s in zip(ids, scores, strict=True) if s >= threshold]
 
-    def _key_of(self, doc_id: bytes) -> Key:
-        raw, is_str = codec.record_key(self._record(doc_id), codec.decode_id(doc_id))
+    def _key_of(self, doc_id: bytes, records: dict[bytes, bytes] | None = None) -> Key:
+        """The key of document ``doc_id``, from ``records`` if it holds its record."""
+        record = records.get(doc_id) if records else None
+        if record is None:
+            record = self._record(doc_id)
+        raw, is_str = codec.record_key(record, codec.decode_id(doc_id))
         return raw.decode("utf-8") if is_str else raw
 
-    def _to_matches(self, scored: list[tuple[bytes, float]], limit: int | None) -> list[Match]:
+    def _to_matches(
+        self, scored: list[tuple[bytes, float]], limit: int | None, records: dict[bytes, bytes]
+    ) -> list[Match]:
         scored.sort(key=lambda item: (-item[1], item[0]))
         if limit is not None:
             scored = scored[:limit]
-        return [Match(self._key_of(doc_id), score) for doc_id, score in scored]
+        return [Match(self._key_of(doc_id, records), score) for doc_id, score in scored]
 
 
 _EXACT_CHUNK = 1000  # queries per batch of exact re-verification
@@ -629,7 +643,16 @@ class WriteTxn(ReadTxn):
         return _Poisoner(self)
 
     def _finish(self, commit: bool) -> None:
-        """Commit (growing the map and replaying if the commit needs room) or abort."""
+        """Commit (growing the map and replaying if the commit needs room) or abort, then
+        drop the operation log: its bound methods refer back to this transaction, a cycle
+        that would keep every logged batch (signatures, results) alive until Python's
+        cyclic collector ran, and make that collector's full passes long."""
+        try:
+            self._end(commit)
+        finally:
+            self._log.clear()
+
+    def _end(self, commit: bool) -> None:
         if commit and self._poisoned is not None:
             self._close_txn(commit=False)
             raise TransactionAbortedError(self._poisoned)
@@ -989,7 +1012,7 @@ class WriteTxn(ReadTxn):
         them in. Matches sort by score, then id; the batch's documents get ids above
         every stored one, in the order they are added.
         """
-        stored = self._scored_many(batch.signatures, threshold)
+        stored, records = self._scored_many(batch.signatures, threshold)
         kept = self._store._band_layout.kept(batch.band_keys)
         shared = _shares_a_bucket(kept)
         buckets: list[dict[int, list[int]]] = [{} for _ in range(self._store.banding.bands)]
@@ -1026,7 +1049,10 @@ class WriteTxn(ReadTxn):
                     key,
                     False,
                     [
-                        Match(self._key_of(ref) if tier == 0 else batch.keys[ref], -negative)
+                        Match(
+                            self._key_of(ref, records) if tier == 0 else batch.keys[ref],
+                            -negative,
+                        )
                         for negative, tier, ref in matches
                     ],
                 )

@@ -883,6 +883,82 @@ def test_transaction_larger_than_the_map_is_redone_and_commits_once(store_path: 
     assert raw_meta(store_path)["next_doc_id"] == 202
 
 
+def finished_writes(store: Store) -> list[tuple[str, Callable[[], None]]]:
+    """Write transactions of every kind, each ended by its call (committed, aborted, or
+    redone after a map growth), named by what it did."""
+    rng = np.random.default_rng(7)
+    sigs = rng.integers(0, 2**32, size=(300, store.config.num_perm), dtype=np.uint32)
+
+    def add() -> None:
+        with store.write() as txn:
+            txn.add_signatures([(f"s{i}", sig) for i, sig in enumerate(sigs[:200])])
+
+    def dedup_and_read() -> None:
+        with store.write() as txn:
+            txn.add_signatures_if_unique([(f"u{i}", sig) for i, sig in enumerate(sigs[150:])])
+            txn.query_many(signatures=sigs[:20])
+            txn.get("s0")
+
+    def remove() -> None:
+        with store.write() as txn:
+            txn.remove_many([f"s{i}" for i in range(50)])
+
+    def abort() -> None:
+        try:
+            with store.write() as txn:
+                txn.add("aborted", "a document that is rolled back")
+                raise KeyError("roll back")
+        except KeyError:
+            return
+        raise AssertionError("the block's error did not propagate")
+
+    def grow() -> None:  # past the small map: the log is replayed, then dropped
+        with store.write() as txn:
+            txn.add_many([(f"big{i}", text) for i, text in enumerate(random_texts(60))])
+            for i in range(40):
+                txn.add(f"meta{i}", f"document {i}", metadata={"p": b"\x01" * (16 * KiB)})
+
+    return [
+        ("add_signatures", add),
+        ("add_signatures_if_unique, query_many, get", dedup_and_read),
+        ("remove_many", remove),
+        ("abort", abort),
+        ("map growth", grow),
+    ]
+
+
+def test_a_finished_write_transaction_is_freed_without_the_cyclic_collector(
+    store_path: Path,
+) -> None:
+    """The replay log refers back to its transaction; once the transaction ends nothing
+    may keep it (and the batches it logged) alive until ``gc`` runs."""
+    import gc
+    import weakref
+
+    transactions: list[weakref.ref[WriteTxn]] = []
+    original = WriteTxn.__init__
+
+    def tracked(self: WriteTxn, *args: Any) -> None:
+        original(self, *args)
+        transactions.append(weakref.ref(self))
+
+    with Store.open(store_path, create=True, map_size=256 * KiB) as store:
+        gc.collect()
+        gc.disable()
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(WriteTxn, "__init__", tracked)
+                for done, write in finished_writes(store):
+                    write()
+                    assert transactions, done
+                    assert transactions[-1]() is None, f"{done}: the transaction outlived its block"
+        finally:
+            gc.enable()
+        # 200 added, 100 of the next 150 (50 were copies), 50 removed, 100 more.
+        assert len(store) == 350 and "aborted" not in store
+        assert store._env is not None and store._env.info()["map_size"] > 256 * KiB
+
+
 @pytest.mark.parametrize("count", range(2, 25, 2))
 def test_commit_that_runs_out_of_room_is_redone(store_path: Path, count: int) -> None:
     # With this map, some of these counts fill it exactly at commit time (when the counters

@@ -30,7 +30,7 @@ from neardup_store import codec
 from neardup_store.errors import DuplicateKeyError, InvalidParameterError
 from neardup_store.lsh import LSHParams
 from neardup_store.store import Store
-from neardup_store.txn import UniqueResult, WriteTxn
+from neardup_store.txn import ReadTxn, UniqueResult, WriteTxn
 
 Item = tuple[Any, ...]
 
@@ -364,3 +364,43 @@ def test_ingest_decides_a_repeated_key_after_its_earlier_occurrence(tmp_path: Pa
         ]
         assert sorted(store) == ["a", "b", "c"]
         assert [m.key for m in store.query(b)] == ["b"]
+
+
+@pytest.mark.parametrize("band_cache", [False, True])
+def test_batches_read_each_candidate_record_once(tmp_path: Path, band_cache: bool) -> None:
+    """A batch query and a batched dedup read each candidate's record from the docs
+    table once, for its signature and its key alike (through the B-tree path's
+    ``_record``, or the cache's presence check)."""
+    rng = np.random.default_rng(21)
+    stored = random_sigs(rng, 300)
+    with Store.open(tmp_path / "s", create=True, band_cache=band_cache, **PARAMS) as store:
+        store.add_signatures(items("s", stored))
+        copies = near_copies(rng, stored[:50])
+        queries = np.concatenate([copies, copies[:20]])  # candidates shared by two queries
+        reads: list[bytes] = []
+        original_get = ReadTxn._record
+        original_cached = ReadTxn._cached_records
+
+        def record(self: ReadTxn, doc_id: bytes) -> bytes:
+            reads.append(doc_id)
+            return original_get(self, doc_id)
+
+        def cached(self: ReadTxn, ids: Any) -> list[tuple[bytes, bytes]]:
+            found = original_cached(self, ids)
+            reads.extend(doc_id for doc_id, _ in found)
+            return found
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ReadTxn, "_record", record)
+            patch.setattr(ReadTxn, "_cached_records", cached)
+            answers = store.query_many(signatures=queries)
+            assert [[m.key for m in found] for found in answers] == [
+                [f"s{i}"] for i in [*range(50), *range(20)]
+            ]
+            assert sorted(reads) == sorted(set(reads)) and len(reads) == 50
+            reads.clear()
+            results = store.add_signatures_if_unique(items("c", queries))
+            assert [[m.key for m in r.matches] for r in results] == [
+                [f"s{i}"] for i in [*range(50), *range(20)]
+            ]
+            assert sorted(reads) == sorted(set(reads)) and len(reads) == 50
