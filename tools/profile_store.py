@@ -4,6 +4,7 @@
     python tools/profile_store.py remove --documents 400000
     python tools/profile_store.py query --documents 1000000
     python tools/profile_store.py size --documents 200000
+    python tools/profile_store.py phases --documents 1000000
 
 Each builds a store of random signatures (num_perm 128, 9 x 13 bands, as the benchmark's
 store), 10k documents per transaction with ``durable=False``, in a temporary directory:
@@ -15,6 +16,10 @@ store), 10k documents per transaction with ``durable=False``, in a temporary dir
   touches of the map's pages), profiles one more pass, and times its parts without the
   profiler (band keys, candidate lookups, the bare LMDB seeks alone), and those of
   near-duplicate queries that find a candidate (lookups, reading and verifying records);
+* ``phases`` times, without the profiler, each step of ``_insert_new`` (transactions of
+  10k, 30k and 100k documents) and of ``_delete_many`` (10k and 50k), in µs per
+  document: the steps the store runs, in its order, timed one by one (three rounds; the
+  store grows by 140k documents a round, then the removals take 180k);
 * ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
   which also holds the free pages copy-on-write leaves.
 
@@ -41,6 +46,7 @@ from bench_store import perturbed
 
 from neardup_store import ReadTxn, Store, codec
 from neardup_store.lsh import band_keys
+from neardup_store.txn import prepare_batch
 
 BATCH = 10_000
 OPTIONS = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
@@ -177,15 +183,100 @@ def size(store: Store, documents: int, rng: np.random.Generator) -> None:
           f"{used / documents:.1f} B/doc")  # fmt: skip
 
 
+class Clock:
+    """Microseconds per document of named steps, printed on one line."""
+
+    def __init__(self, label: str, documents: int) -> None:
+        self.label, self.documents = label, documents
+        self.steps: list[tuple[str, float]] = []
+        self.last = time.perf_counter()
+
+    def step(self, name: str) -> None:
+        now = time.perf_counter()
+        self.steps.append((name, (now - self.last) * 1e6 / self.documents))
+        self.last = now
+
+    def print(self) -> None:
+        total = sum(us for _, us in self.steps)
+        parts = ", ".join(f"{name} {us:.2f}" for name, us in self.steps)
+        print(f"{self.label}: {total:.2f} µs/doc ({parts})")
+
+
+def phases(store: Store, documents: int, rng: np.random.Generator) -> None:
+    """Mirrors ``WriteTxn._insert_new`` and ``_delete_many`` step by step (keep in step)."""
+    layout, bands = store._band_layout, store.banding.bands
+    added = documents
+    for size in (10_000, 30_000, 100_000) * 3:
+        sigs = rng.integers(0, 2**32, size=(size, 128), dtype=np.uint32)
+        clock = Clock(f"add {size} at {added}", size)
+        batch = prepare_batch(store, [(f"d{added + i}", None, None) for i in range(size)], sigs)
+        clock.step("prepare")
+        with store.write() as txn:
+            txn._check_new_keys(batch)
+            clock.step("key check")
+            id_values = txn._allocate_ids(size)
+            ids = codec.band_key_bytes(id_values)
+            records = codec.encode_records(
+                batch.raw_keys, batch.str_keys, batch.signatures, batch.metadata
+            )
+            indexes = sorted(zip(batch.indexes, ids, strict=True))
+            clock.step("encode")
+            with txn._writing():
+                with txn.txn.cursor(db=store._docs_db) as cursor:
+                    cursor.putmulti(zip(ids, records, strict=True), append=True)
+                with txn.txn.cursor(db=store._keys_db) as cursor:
+                    cursor.putmulti(indexes)
+                clock.step("docs and keys")
+                entries = [
+                    list(layout.entries(batch.band_keys[:, b], id_values)) for b in range(bands)
+                ]
+                clock.step("band entries")
+                for band, band_entries in enumerate(entries):
+                    with txn.txn.cursor(db=store._band_dbs[band]) as cursor:
+                        cursor.putmulti(band_entries, dupdata=True)
+                clock.step("band puts")
+        clock.step("commit")
+        clock.print()
+        added += size
+    keys = [f"d{i}" for i in rng.permutation(added)]
+    for size in (10_000, 50_000) * 3:
+        chosen, keys = keys[:size], keys[size:]
+        clock = Clock(f"remove {size} at {added}", size)
+        with store.write() as txn:
+            found = sorted(
+                {bytes(hit[0]): hit[1] for hit in map(txn._lookup, chosen) if hit}.items()
+            )
+            clock.step("lookup")
+            ids = [doc_id for doc_id, _ in found]
+            sigs = txn._signatures_of(ids)
+            clock.step("read signatures")
+            keys_of = band_keys(sigs, store.banding, store.config.seed)
+            id_values = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
+            entries = [list(layout.entries(keys_of[:, b], id_values)) for b in range(bands)]
+            clock.step("band entries")
+            with txn._writing():
+                for band, band_entries in enumerate(entries):
+                    txn._delete_sorted(store._band_dbs[band], band_entries)
+                clock.step("band deletes")
+                txn._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in ids))
+                txn._delete_sorted(store._keys_db, ((i, None) for i in sorted(i for _, i in found)))
+                clock.step("docs and keys")
+        clock.step("commit")
+        clock.print()
+        added -= size
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["ingest", "remove", "query", "size"])
+    parser.add_argument("what", choices=["ingest", "remove", "query", "size", "phases"])
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
     rng = np.random.default_rng(args.seed)
-    run = {"ingest": ingest, "remove": remove, "query": query, "size": size}[args.what]
+    run = {"ingest": ingest, "remove": remove, "query": query, "size": size, "phases": phases}[
+        args.what
+    ]
     with (
         tempfile.TemporaryDirectory(prefix="neardup-profile-") as scratch,
         build(Path(scratch) / "store", documents, rng) as store,
