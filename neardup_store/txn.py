@@ -646,7 +646,7 @@ class WriteTxn(ReadTxn):
         """Commit (growing the map and replaying if the commit needs room) or abort, then
         drop the operation log: its bound methods refer back to this transaction, a cycle
         that would keep every logged batch (signatures, results) alive until Python's
-        cyclic collector ran, and make that collector's full passes long."""
+        cyclic collector ran."""
         try:
             self._end(commit)
         finally:
