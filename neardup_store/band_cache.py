@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec, kernels
-from .lsh import _multipliers, band_keys
+from .lsh import band_keys, multilinear_multipliers
 
 if TYPE_CHECKING:
     from .store import Store
@@ -272,7 +272,8 @@ class BandCache:
     def _candidates(self, tables: _Tables, sigs: npt.NDArray[np.uint32]) -> tuple[Table, Table]:
         banding = self._store.banding
         if banding.keys == "multilinear":  # keys computed inside the compiled loop
-            multipliers, kept = _multipliers(self._store.config.seed, banding.width), _NO_KEYS
+            seed = self._store.config.seed
+            multipliers, kept = multilinear_multipliers(seed, banding.width), _NO_KEYS
         else:
             multipliers, kept = _NO_MULTIPLIERS, self.kept(sigs)
         args = (tables.table, sigs, multipliers, self._keep, kept)

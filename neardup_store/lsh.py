@@ -233,7 +233,7 @@ def _multilinear_keys(
     sigs: npt.NDArray[np.uint32], params: LSHParams, seed: int
 ) -> npt.NDArray[np.uint64]:
     n, width = len(sigs), params.width
-    multipliers = _multipliers(seed, width)
+    multipliers = multilinear_multipliers(seed, width)
     # uint64 products wrap modulo 2**64, as the scheme says; np.add.reduce rather than
     # np.sum, whose dispatch costs more than the arithmetic for a single query.
     if n <= _KEY_BLOCK:  # one block (a query): no output array to allocate and slice
@@ -249,7 +249,7 @@ def _multilinear_keys(
 
 
 @lru_cache(maxsize=64)
-def _multipliers(seed: int, width: int) -> npt.NDArray[np.uint64]:
+def multilinear_multipliers(seed: int, width: int) -> npt.NDArray[np.uint64]:
     """One multiplier per banded signature position (cached: every query needs them)."""
     multipliers = derive_keys(seed, "band-multilinear", width)
     multipliers.flags.writeable = False

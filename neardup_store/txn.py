@@ -389,11 +389,11 @@ class ReadTxn:
         for lo in range(0, len(texts), _EXACT_CHUNK):
             chunk, chunk_sigs = texts[lo : lo + _EXACT_CHUNK], sigs[lo : lo + _EXACT_CHUNK]
             mine = shingler.hash_batch(chunk, encoding, lo)
-            scored = [
-                self._verify(sig, ids, 0.0)
-                for sig, ids in zip(chunk_sigs, self._candidate_sets(chunk_sigs)[0], strict=True)
-            ]
-            keys = {doc_id: self._key_of(doc_id) for found in scored for doc_id, _ in found}
+            candidates, records = self._scored_many(chunk_sigs, 0.0)
+            scored = [sorted(found) for found in candidates]  # in id order, as ties keep it
+            keys = {
+                doc_id: self._key_of(doc_id, records) for found in scored for doc_id, _ in found
+            }
             order = {doc_id: n for n, doc_id in enumerate(keys)}
             theirs = shingler.hash_batch([source(key) for key in keys.values()]) if keys else None
             for query, found_ids in enumerate(scored):
@@ -517,9 +517,7 @@ class ReadTxn:
         ``records``, if given, holds records already read and receives those read here.
         """
         if records is None:
-            return np.stack(
-                [codec.decode_signature(self._record(i), codec.decode_id(i)) for i in ids]
-            )
+            records = {}
         rows = []
         for doc_id in ids:
             record = records.get(doc_id)
