@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import click
 
@@ -84,6 +84,32 @@ STORE = click.Path(exists=True, file_okay=False)
 
 _json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON lines instead of a table."
+)
+
+
+class _BatchSize(click.ParamType):
+    """A positive integer or ``auto``."""
+
+    name = "INTEGER|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        if value == "auto":
+            return "auto"
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
+        return number
+
+
+_batch_size_option = click.option(
+    "--batch-size",
+    type=_BatchSize(),
+    default="auto",
+    show_default=True,
+    help="Documents per transaction; auto grows it with the store (a tenth of it, from 10k).",
 )
 
 
@@ -400,7 +426,7 @@ def _interrupted(err: ingest.Interrupted, ticker: _BatchTicker) -> None:
     "--include", multiple=True, default=("*",), show_default=True, help="Glob for directories."
 )
 @click.option("--encoding", default="utf-8", show_default=True, help="Encoding of the inputs.")
-@click.option("--batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@_batch_size_option
 @click.option("--replace", is_flag=True, help="Overwrite documents whose key is stored.")
 @click.option(
     "--unique", is_flag=True, help="Add only documents with no near-duplicate stored or earlier."
@@ -421,7 +447,7 @@ def add(
     text_field: str,
     include: tuple[str, ...],
     encoding: str,
-    batch_size: int,
+    batch_size: int | Literal["auto"],
     replace: bool,
     unique: bool,
     threshold: float | None,
@@ -1127,10 +1153,15 @@ def spark_dedup(
 @click.argument("path", type=click.Path(file_okay=False))
 @_master_option
 @_conf_option
-@click.option("--batch-size", type=click.IntRange(1), default=10_000, show_default=True)
+@_batch_size_option
 @_json_option
 def spark_load(
-    out: str, path: str, master: str, conf: tuple[str, ...], batch_size: int, as_json: bool
+    out: str,
+    path: str,
+    master: str,
+    conf: tuple[str, ...],
+    batch_size: int | Literal["auto"],
+    as_json: bool,
 ) -> None:
     """Bulk-load a spark-dedup output's signatures into a new store at PATH.
 

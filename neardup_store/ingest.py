@@ -31,19 +31,21 @@ equal those of an uninterrupted run.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from . import codec
 from .errors import EmptyDocumentError, InvalidParameterError, NeardupError
+from .store import AUTO, MIN_TRANSACTION, batches
 from .txn import Key, Match, UniqueResult
 
 if TYPE_CHECKING:
@@ -343,7 +345,7 @@ def ingest(
     store: Store,
     records: Iterable[Record | Failure | tuple[Any, ...]],
     *,
-    batch_size: int = 1000,
+    batch_size: int | Literal["auto"] = AUTO,
     replace: bool = False,
     unique: bool = False,
     threshold: float | None = None,
@@ -354,6 +356,9 @@ def ingest(
     Args:
         records: :class:`Record` / :class:`Failure` items (as from :func:`read_inputs`) or
             ``(key, text[, metadata])`` tuples.
+        batch_size: records per transaction, or ``"auto"``: the store's
+            :meth:`~.Store.transaction_size` when the batch begins. Texts are signed
+            :data:`~.store.MIN_TRANSACTION` at a time and only signatures are kept.
         replace: overwrite documents whose key exists (otherwise they are skipped).
         unique: add only documents with no near-duplicate in the store or earlier in the
             input; skipped ones are reported with their matches.
@@ -364,7 +369,7 @@ def ingest(
         Interrupted: on ``KeyboardInterrupt``; its ``report`` covers the committed batches.
         InvalidParameterError: bad ``batch_size``, or ``unique`` with ``replace``.
     """
-    _check_batch_size(batch_size)
+    next_size = store._batch_sizes(batch_size, allow_none=False)
     if unique and replace:
         raise InvalidParameterError("replace", replace, "False when unique=True")
     if threshold is not None and not unique:
@@ -387,17 +392,14 @@ def ingest(
 
     pending: _Batch | None = None
     try:
-        for chunk in _chunks(records, batch_size):
-            items = [_as_record(item) for item in chunk]
-            signed, bad = _sign(store, [r for r in items if isinstance(r, Record)])
-            failures = [r for r in items if isinstance(r, Failure)] + bad
+        for read, signed, failures in _signed_batches(store, records, next_size):
             with store.write() as txn:
                 if unique:
                     n_added, batch_skipped, probe = _add_unique(txn, signed, threshold)
                     n_replaced = 0
                 else:
                     n_added, n_replaced, batch_skipped, probe = _add_plain(txn, signed, replace)
-                pending = _Batch(n_added, n_replaced, batch_skipped, failures, len(chunk), probe)
+                pending = _Batch(n_added, n_replaced, batch_skipped, failures, read, probe)
             count(pending)  # committed: only now does the batch count
             pending = None
             if on_batch is not None:
@@ -507,20 +509,30 @@ def _unique_in_order(
     return results
 
 
+def _signed_batches(
+    store: Store, records: Iterable[Any], next_size: Callable[[], int | None]
+) -> Iterator[tuple[int, list[_Signed], list[Failure]]]:
+    """``(records read, signed, failed)`` per batch of ``next_size()`` records, signed a
+    part at a time before the batch's transaction; the signed records keep their
+    signatures but not their texts."""
+    items = iter(records)
+    while True:
+        size = next_size()
+        read, signed, failed = 0, [], []
+        for part in batches(itertools.islice(items, size), lambda: MIN_TRANSACTION):
+            read += len(part)
+            loaded = [_as_record(item) for item in part]
+            good, bad = _sign(store, [r for r in loaded if isinstance(r, Record)])
+            signed += [_Signed(replace(doc.record, text=""), doc.signature) for doc in good]
+            failed += [r for r in loaded if isinstance(r, Failure)] + bad
+        if not read:
+            return
+        yield read, signed, failed
+
+
 def _check_batch_size(batch_size: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidParameterError("batch_size", batch_size, "a positive integer")
-
-
-def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 # -- dedup -----------------------------------------------------------------------------------

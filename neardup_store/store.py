@@ -15,7 +15,8 @@ Operational rules the store enforces:
   (bulk loads): then a commit survives a crash of the process but not of the machine.
 * Opening a store waits while another process is inside a write transaction: py-lmdb
   opens table handles under LMDB's write lock. Already open stores never wait to read;
-  writers should keep transactions to bounded batches (``add_many`` does).
+  writers should keep transactions to bounded batches (``add_many`` does, sized by
+  :meth:`Store.transaction_size`).
 * A full disk (or file-size limit) is a :class:`StoreFullError` and rolls the transaction
   back; the same transaction commits once there is room. The environment is never opened
   with LMDB's ``writemap``: writing through a shared map turns a full disk into SIGBUS,
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import lmdb
 import numpy as np
@@ -80,6 +81,17 @@ from .txn import (
 if TYPE_CHECKING:
     from . import maintenance  # imported when called: it builds on this module
 
+AUTO = "auto"
+BatchSize = int | Literal["auto"] | None
+"""Documents per write transaction: a count, ``None`` for one, ``"auto"`` for
+:meth:`Store.transaction_size`."""
+MIN_TRANSACTION = 10_000
+"""The fewest documents ``batch_size="auto"`` commits at once (and the most a text batch
+signs at once)."""
+TRANSACTION_SIGNATURE_BYTES = 64 << 20
+"""The most signature bytes ``batch_size="auto"`` puts in one transaction. Records,
+band keys and LMDB's copied pages come on top: such a transaction at num_perm 256 into
+a 1M-document store raised the process's peak memory by 293 MiB."""
 DEFAULT_MAP_SIZE = 1 << 30
 """Initial map size (1 GiB of address space; the file only grows with its data)."""
 MIN_FREE_FRACTION = 0.25
@@ -767,11 +779,12 @@ class Store:
         self,
         items: Iterable[tuple[Key, object] | tuple[Key, object, Any]],
         *,
-        batch_size: int | None = 10_000,
+        batch_size: BatchSize = AUTO,
         replace: bool = False,
         encoding: str | None = None,
     ) -> int:
-        """Add many items, committing every ``batch_size`` items (``None``: one transaction).
+        """Add many items, committing every ``batch_size`` items: a number, ``None`` for
+        one transaction, or ``"auto"`` for :meth:`transaction_size` at each commit.
 
         If a batch fails, the batches before it stay committed and the error says so
         through its type; nothing of the failing batch is written.
@@ -801,31 +814,63 @@ class Store:
         self,
         items: Iterable[tuple[Key, Any] | tuple[Key, Any, Any]],
         *,
-        batch_size: int | None = 10_000,
+        batch_size: BatchSize = AUTO,
         replace: bool = False,
     ) -> int:
-        """:meth:`WriteTxn.add_signatures`, committing every ``batch_size`` items."""
+        """:meth:`WriteTxn.add_signatures`, committing every ``batch_size`` items (as for
+        :meth:`add_many`)."""
         return self._in_batches(
             items, batch_size, lambda txn, batch: txn.add_signatures(batch, replace=replace)
         )
 
+    def transaction_size(self) -> int:
+        """Documents per write transaction that keep the cost of adding one about the
+        same as the store grows; what ``batch_size="auto"`` commits at.
+
+        A transaction copies each B-tree page it changes once. A batch of random band keys
+        changes nearly every page of a band table once the table has fewer pages than the
+        batch has documents, so a fixed batch pays more per document the larger the store
+        (1.7x more at 1M than at 100k with 10k per transaction; ``tools/README.md``,
+        "Where the time goes"). A tenth of the stored documents keeps the pages copied
+        per document level; at least :data:`MIN_TRANSACTION`, and no more than
+        :data:`TRANSACTION_SIGNATURE_BYTES` of signatures, which a transaction keeps in
+        memory until it commits.
+        """
+        most = max(MIN_TRANSACTION, TRANSACTION_SIGNATURE_BYTES // (4 * self.config.num_perm))
+        return min(most, max(MIN_TRANSACTION, len(self) // 10))
+
+    def _batch_sizes(
+        self, batch_size: BatchSize, *, allow_none: bool = True
+    ) -> Callable[[], int | None]:
+        """What :func:`batches` asks for the size of each batch: ``batch_size``, or
+        :meth:`transaction_size` for ``"auto"`` (checked by :func:`check_batch_size`)."""
+        size = check_batch_size(batch_size, allow_none=allow_none)
+        return self.transaction_size if size == AUTO else lambda: size  # type: ignore[return-value]
+
     def _in_batches(
         self,
         items: Iterable[Any],
-        batch_size: int | None,
+        batch_size: BatchSize,
         add: Callable[[WriteTxn, Any], int],
         prepare: Callable[[list[Any]], Any] | None = None,
     ) -> int:
         """Run ``add`` on consecutive batches, one write transaction each; sum the counts.
-        ``prepare`` turns a batch into what ``add`` takes, before the transaction begins."""
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise InvalidParameterError("batch_size", batch_size, "a positive integer or None")
+
+        ``prepare`` turns up to :data:`MIN_TRANSACTION` items at a time into what ``add``
+        takes, all of a batch before its transaction begins, so that a large batch holds
+        its prepared form in memory rather than its texts.
+        """
+        next_size = self._batch_sizes(batch_size)
         total = 0
-        for batch in _batches(items, batch_size):
-            if prepare is not None:
-                batch = prepare(batch)
+        for batch in batches(items, next_size):
+            parts = (
+                [batch]
+                if prepare is None
+                else [prepare(part) for part in batches(batch, lambda: MIN_TRANSACTION)]
+            )
             with self.write() as txn:
-                total += add(txn, batch)
+                for part in parts:
+                    total += add(txn, part)
         return total
 
     def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
@@ -1004,12 +1049,32 @@ def _lmdb_file_damage(path: Path, err: lmdb.Error) -> str | None:
     return str(err) if isinstance(err, _DAMAGE) else None
 
 
-def _batches(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
+def check_batch_size(batch_size: object, *, allow_none: bool = False) -> BatchSize:
+    """``batch_size`` if it is a positive integer or ``"auto"`` (or ``None``, when allowed).
+
+    Raises:
+        InvalidParameterError: it is not.
+    """
+    if (
+        batch_size == AUTO
+        or (batch_size is None and allow_none)
+        or (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0)
+    ):
+        return batch_size  # type: ignore[return-value]
+    expected = ", None" if allow_none else ""
+    raise InvalidParameterError("batch_size", batch_size, f'a positive integer{expected} or "auto"')
+
+
+def batches(items: Iterable[Any], next_size: Callable[[], int | None]) -> Iterator[list[Any]]:
+    """Consecutive lists of ``items``, each as long as ``next_size()`` said when it began
+    (``None``: all that remain)."""
     batch: list[Any] = []
+    size = next_size()
     for item in items:
         batch.append(item)
         if size is not None and len(batch) >= size:
             yield batch
             batch = []
+            size = next_size()
     if batch:
         yield batch

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import msgpack
 import numpy as np
@@ -27,6 +27,7 @@ from .errors import InvalidParameterError, InvalidStreamError, NeardupError
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
+from .store import batches, check_batch_size
 
 if TYPE_CHECKING:
     from .store import Store
@@ -185,45 +186,34 @@ def _check_config(store: Store, header: dict[str, Any]) -> None:
 def _import_records(
     store: Store,
     reader: _ExportReader,
-    batch_size: int,
+    next_size: Callable[[], int | None],
     replace: bool,
     progress: Callable[[int], None] | None = None,
 ) -> int:
     total = 0
-    records = reader.records(store.config.num_perm)
-    while True:
-        batch = []  # read (and validate) the whole batch before its transaction begins
-        for record in records:
-            batch.append(record)
-            if len(batch) == batch_size:
-                break
-        if not batch:
-            return total
+    # Each batch is read (and validated) whole before its transaction begins.
+    for batch in batches(reader.records(store.config.num_perm), next_size):
         with store.write() as txn:
             total += txn.add_signatures(batch, replace=replace)
         if progress is not None:
             progress(total)
-
-
-def _check_batch_size(batch_size: object) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidParameterError("batch_size", batch_size, "a positive integer")
-    return batch_size
+    return total
 
 
 def import_(
     store: Store,
     stream: IO[bytes],
     *,
-    batch_size: int = 10_000,
+    batch_size: int | Literal["auto"] = "auto",
     replace: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> int:
     """Add every document of an export stream (see :func:`export`) to the store.
 
     Band keys are recomputed for this store's banding, which may differ from the
-    exporter's. Documents are committed ``batch_size`` at a time: if the stream turns
-    out bad part-way, the batches before stay committed and nothing of the bad batch is.
+    exporter's. Documents are committed ``batch_size`` at a time (``"auto"``:
+    :meth:`~.Store.transaction_size`): if the stream turns out bad part-way, the batches
+    before stay committed and nothing of the bad batch is.
 
     Args:
         replace: overwrite documents whose key is already stored.
@@ -237,17 +227,17 @@ def import_(
         ReadOnlyError: the store is open read-only.
     """
     store._check_writable()
-    batch_size = _check_batch_size(batch_size)
+    next_size = store._batch_sizes(batch_size, allow_none=False)
     reader = _ExportReader(stream)
     _check_config(store, reader.header())
-    return _import_records(store, reader, batch_size, replace, progress)
+    return _import_records(store, reader, next_size, replace, progress)
 
 
 def create_from_export(
     path: str | os.PathLike[str],
     stream: IO[bytes],
     *,
-    batch_size: int = 10_000,
+    batch_size: int | Literal["auto"] = "auto",
     progress: Callable[[int], None] | None = None,
     **options: Any,
 ) -> Store:
@@ -268,7 +258,7 @@ def create_from_export(
     """
     from .store import Store
 
-    batch_size = _check_batch_size(batch_size)
+    check_batch_size(batch_size)  # before the store is made
     if (Path(path) / "data.mdb").exists():
         raise InvalidParameterError("path", str(path), "a directory without a store")
     reader = _ExportReader(stream)
@@ -292,7 +282,9 @@ def create_from_export(
         **options,
     )
     try:
-        _import_records(store, reader, batch_size, False, progress)
+        _import_records(
+            store, reader, store._batch_sizes(batch_size, allow_none=False), False, progress
+        )
     except BaseException:
         store.close()
         raise

@@ -525,6 +525,21 @@ def test_add_unique_reports_what_it_skipped(
         assert sorted(opened) == ["recipe-a", "storm-a", "unrelated"]
 
 
+def test_add_batch_size_is_a_count_or_auto(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    store = tmp_path / "s.ndx"
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    _run(runner, "init", store)
+    result = _run(runner, "add", store, archive, "--jsonl", "--batch-size", 2, "--json")
+    assert _jsonl(result.output)[-1]["summary"]["batches"] == 3  # 5 documents
+    result = _run(runner, "add", store, archive, "--jsonl", "--batch-size", "auto", "--json")
+    assert _jsonl(result.output)[-1]["summary"]["batches"] == 1
+    for bad in ("0", "many"):
+        result = _run(runner, "add", store, archive, "--jsonl", "--batch-size", bad)
+        assert result.exit_code == 2 and "neither a positive integer nor 'auto'" in result.output
+
+
 def test_add_to_a_missing_store_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
     result = _run(runner, "add", tmp_path / "nowhere", tmp_path)
     assert result.exit_code == 2 and "does not exist" in result.output

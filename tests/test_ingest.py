@@ -219,6 +219,42 @@ def test_unique_skips_near_duplicates_in_store_and_in_input(
     assert sorted(store) == ["recipe-a", "storm-a", "unrelated"]
 
 
+def test_auto_batches_follow_the_store_and_sign_a_part_at_a_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neardup_store import store as store_module
+
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 4)
+    monkeypatch.setattr(ingest_module, "MIN_TRANSACTION", 4)
+    signed: list[int] = []
+    kept: list[str] = []
+    sign = ingest_module._sign
+
+    def counting(store: Store, records: list[Record]) -> Any:
+        signed.append(len(records))
+        return sign(store, records)
+
+    def plain(txn: Any, batch: list[Any], replace: bool) -> Any:
+        kept.extend(doc.record.text for doc in batch)
+        return add_plain(txn, batch, replace)
+
+    add_plain = ingest_module._add_plain
+    monkeypatch.setattr(ingest_module, "_sign", counting)
+    monkeypatch.setattr(ingest_module, "_add_plain", plain)
+    items: list[Any] = [(f"k{i}", f"document number {i} with some words") for i in range(60)]
+    items[57] = Failure("bad.txt", "unreadable")
+    seen: list[BatchProgress] = []
+    report = ingest(store, items, on_batch=seen.append)
+    # Transactions of 4 while fewer than 50 are stored, then a tenth: 52 -> 5, 57 -> 3 left.
+    assert [p.records for p in seen] == [*range(4, 53, 4), 57, 60]
+    assert signed == [4] * 13 + [4, 1, 2]  # 3 read in the last part, one a failure
+    assert (report.added, [f.source for f in report.failed]) == (59, ["bad.txt"])
+    assert set(kept) == {""}  # only signatures are held until the transaction
+    assert store.get("k58").signature.tolist() == store.hasher.signature(items[58][1]).tolist()
+    with pytest.raises(InvalidParameterError, match="auto"):
+        ingest(store, [], batch_size=0)
+
+
 def test_unique_with_replace_is_refused(store: Store) -> None:
     with pytest.raises(InvalidParameterError, match="replace"):
         ingest(store, [], unique=True, replace=True)

@@ -690,6 +690,31 @@ def test_create_from_export_gives_equal_contents_and_answers(
         Store.create_from_export(store.path, io.BytesIO(data))
 
 
+def test_imports_commit_at_the_transaction_size_by_default(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neardup_store import store as store_module
+
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 50)
+    data, total = _export(store), len(store)
+    commits: list[int] = []
+    with Store.create_from_export(tmp_path / "copy", io.BytesIO(data), progress=commits.append):
+        pass
+    # 50 at a time until 500 are stored, then a tenth of those stored.
+    expected, stored = [], 0
+    while stored < total:
+        stored = min(total, stored + max(50, stored // 10))
+        expected.append(stored)
+    assert commits == expected and len(expected) > 2
+    with Store.open(tmp_path / "other", create=True) as other:
+        with pytest.raises(InvalidParameterError, match="auto"):
+            other.import_(io.BytesIO(data), batch_size=0)
+        assert len(other) == 0
+    with pytest.raises(InvalidParameterError, match="auto"):
+        Store.create_from_export(tmp_path / "third", io.BytesIO(data), batch_size="all")
+    assert not (tmp_path / "third").exists()
+
+
 def test_import_refuses_another_signature_configuration(store: Store, tmp_path: Path) -> None:
     data = _export(store)
     with Store.open(tmp_path / "small", create=True, num_perm=64, seed=9) as small:

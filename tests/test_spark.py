@@ -242,6 +242,8 @@ def test_bulk_load_equals_a_locally_built_store(
     report = nds.load_output(spark, out, target, batch_size=50)
     assert report.documents == 240 and report.batches == 5 and report.check_ok
     assert logical_dump(target) == logical_dump(corpus["local"])
+    whole = nds.load_output(spark, out, tmp_path / "auto.ndx")  # "auto": 10k at least
+    assert whole.batches == 1 and logical_dump(tmp_path / "auto.ndx") == logical_dump(target)
     queries = [obj["text"] for _, obj in _usable(corpus["lines"])[:40]]
     queries.append("a text unlike any other in the corpus at all, really nothing alike")
     with Store.open(target, read_only=True) as loaded:
@@ -267,6 +269,9 @@ def test_a_failed_bulk_load_leaves_nothing(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "taken" / "file").write_text("x")
     with pytest.raises(InvalidParameterError, match="new or empty directory"):
         nds.bulk_load(frame, tmp_path / "taken", params)
+    with pytest.raises(InvalidParameterError, match='positive integer or "auto"'):
+        nds.bulk_load(frame, target, params, batch_size=0)
+    assert not target.exists()
 
 
 # -- huge buckets and components ---------------------------------------------------------------

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import pytest
 
 from neardup_store import codec
+from neardup_store import store as store_module
 from neardup_store.errors import (
     DuplicateKeyError,
     EmptyDocumentError,
@@ -541,6 +542,59 @@ def test_add_many_commits_in_bounded_batches(store: Store) -> None:
         store.add_many(["not a tuple"])  # type: ignore[list-item]
 
 
+def test_transaction_size_grows_with_the_store_within_its_bounds(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 100)
+    most = 300  # documents whose signatures fill the byte budget
+    monkeypatch.setattr(
+        store_module, "TRANSACTION_SIGNATURE_BYTES", most * 4 * store.config.num_perm
+    )
+    rng = np.random.default_rng(5)
+    sizes = []
+    for stored in (0, 1_500, 2_000, 4_000):
+        fresh = rng.integers(
+            0, 2**32, size=(stored - len(store), store.config.num_perm), dtype=np.uint32
+        )
+        store.add_signatures([(f"s{len(store) + i}", sig) for i, sig in enumerate(fresh)])
+        assert len(store) == stored
+        sizes.append(store.transaction_size())
+    assert sizes == [100, 150, 200, 300]
+
+
+def test_auto_batches_commit_at_the_transaction_size_of_their_start(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 4)
+    hasher = store.hasher = CountingHasher(store.config)
+    texts = random_texts(60, length=60)
+    counter = commit_counter(store)
+    assert store.add_many([(f"k{i}", t) for i, t in enumerate(texts)]) == 60
+    # Stored when each transaction begins: 0, 4, ..., 48 (the minimum, 4), then 52 (a
+    # tenth: 5, signed as 4 and 1) and 57 (5, of which 3 remain).
+    assert commit_counter(store) == counter + 15
+    assert hasher.batches == [4] * 13 + [4, 1, 3]
+    assert list(store) == [f"k{i}" for i in range(60)]
+    with pytest.raises(InvalidParameterError, match="auto"):
+        store.add_many([("x", "text")], batch_size="big")  # type: ignore[arg-type]
+
+
+def test_one_transaction_signs_its_texts_a_part_at_a_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 4)
+    hasher = store.hasher = CountingHasher(store.config)
+    texts = random_texts(10)
+    counter = commit_counter(store)
+    assert store.add_many([(f"k{i}", t) for i, t in enumerate(texts)], batch_size=None) == 10
+    assert hasher.batches == [4, 4, 2] and commit_counter(store) == counter + 1
+    # A key repeated in a later part rolls back the whole transaction.
+    items = [(f"n{i}", t) for i, t in enumerate(random_texts(6, seed=1))] + [("n1", texts[0])]
+    with pytest.raises(DuplicateKeyError):
+        store.add_many(items, batch_size=None)
+    assert len(store) == 10 and commit_counter(store) == counter + 1
+
+
 def test_add_many_duplicate_keys_within_a_batch(store: Store) -> None:
     texts = random_texts(3)
     with pytest.raises(DuplicateKeyError) as raised:
@@ -1034,6 +1088,7 @@ WORKER = r"""
 import json, sys, time
 from pathlib import Path
 
+from neardup_store import store as store_module
 from neardup_store.store import Store
 
 role, path = sys.argv[1], sys.argv[2]
@@ -1213,6 +1268,7 @@ def test_opening_the_same_store_twice_in_one_process_is_a_clear_error(store_path
 
 HOLD_READER = r"""
 import sys, time
+from neardup_store import store as store_module
 from neardup_store.store import Store
 
 store = Store.open(sys.argv[1], read_only=True, max_readers=int(sys.argv[2]))
@@ -1262,6 +1318,7 @@ def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
 
 HOLD_WRITE = r"""
 import sys
+from neardup_store import store as store_module
 from neardup_store.store import Store
 
 with Store.open(sys.argv[1]) as store:
@@ -1326,6 +1383,7 @@ def test_replay_that_diverges_raises_conflict_and_writes_nothing(
 
 CREATE = r"""
 import sys
+from neardup_store import store as store_module
 from neardup_store.store import Store
 
 sys.stdin.readline()

@@ -4,7 +4,9 @@ Run through ``tools/bench.py`` (which pins one core and enters the bench venv). 
 figure here is measured in the same process on the same data as its peer figure:
 
 * ``ingest_signatures`` — batched ingest of precomputed signatures into a store of
-  ``large`` documents (``add_signatures``, 10k per transaction, ``durable=False``), with
+  ``large`` documents (``add_signatures`` committing :meth:`Store.transaction_size`
+  documents at a time, as its default does: 10k up to 100k stored, a tenth of the store
+  above; ``durable=False``), with
   the ingest rate and the query latency recorded at 100k documents and at the end (the
   scale figures); datasketch ``MinHashLSH.insert`` gets the same signatures.
 * ``queries`` — query by signature (p50/p99, one query per call), by text, and batch
@@ -47,7 +49,7 @@ from corpus import stream_documents
 
 TOOLS = Path(__file__).resolve().parent
 CACHE = TOOLS / "results" / "cache"
-BATCH = 10_000  # documents per write transaction, for ingest and remove alike
+BATCH = 10_000  # documents per write transaction for remove and dedup on ingest
 STORE_OPTIONS: dict[str, Any] = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
 """The table's setting (num_perm 128, t = 0.8) with the banding datasketch picks for it, so
 both sides look up the same number of bands; the store's defaults are num_perm 256 with
@@ -248,27 +250,30 @@ def ours_large(
     n = len(sigs)
     path = workdir / "large.ndx"
     result: dict[str, Any] = {"documents": n, "checkpoints": {}}
-    rates: list[tuple[int, float]] = []
+    rates: list[tuple[int, int, float]] = []  # (stored after, documents, docs/s) per commit
     with Store.open(path, create=True, durable=False, band_cache=True, **STORE_OPTIONS) as store:
-        for lo in range(0, n, BATCH):
-            items = [(f"d{i}", sigs[i]) for i in range(lo, min(n, lo + BATCH))]
+        lo = 0
+        while lo < n:
+            # As many as add_signatures' default commits at once, cut at the next checkpoint.
+            hi = min([n, lo + store.transaction_size(), *(c for c in checkpoints if c > lo)])
+            items = [(f"d{i}", sigs[i]) for i in range(lo, hi)]
             gc.collect()
             start = time.perf_counter()
             store.add_signatures(items, batch_size=None)
-            rates.append((lo + len(items), len(items) / (time.perf_counter() - start)))
-            size = lo + len(items)
-            if size in checkpoints or size == n:
-                window = [r for s, r in rates if s > size // 2]
-                point = result["checkpoints"][size] = {
+            rates.append((hi, hi - lo, (hi - lo) / (time.perf_counter() - start)))
+            lo = hi
+            if hi in checkpoints or hi == n:
+                window = [r for s, _, r in rates if s > hi // 2]
+                point = result["checkpoints"][hi] = {
                     "ingest_docs_per_s": statistics.median(window),
-                    "ingest_average_docs_per_s": size / sum(BATCH / r for _, r in rates),
+                    "ingest_average_docs_per_s": hi / sum(d / r for _, d, r in rates),
+                    "transaction_documents": max(d for s, d, _ in rates if s > hi // 2),
                     **signature_passes(store, queries),
-                    "used_bytes_per_doc": used_bytes(store) / size,
+                    "used_bytes_per_doc": used_bytes(store) / hi,
                 }
-                point["band_cache_bytes_per_doc"] = point["band_cache_bytes"] / size
-                log(f"ours at {size} docs: {point}")
-        total = sum(len(range(lo, min(n, lo + BATCH))) for lo in range(0, n, BATCH))
-        result["ingest_docs_per_s"] = total / sum(BATCH / r for _, r in rates)
+                point["band_cache_bytes_per_doc"] = point["band_cache_bytes"] / hi
+                log(f"ours at {hi} docs: {point}")
+        result["ingest_docs_per_s"] = n / sum(d / r for _, d, r in rates)
         with store.read() as txn:
             matches = sum(len(m) for m in txn.query_many(signatures=queries))
             for label, lookups in (("", lmdb_lookups), ("_cached", contextlib.nullcontext)):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from ..errors import InvalidParameterError
 from ..lsh import KEY_SCHEMES, LSHParams
 from ..minhash import MinHashConfig
 from ..params import StoreParams
-from ..store import Store
+from ..store import Store, batches, check_batch_size
 from . import pipeline
 
 if TYPE_CHECKING:
@@ -268,15 +268,16 @@ def bulk_load(
     path: str | os.PathLike[str],
     params: StoreParams,
     *,
-    batch_size: int = 10_000,
+    batch_size: int | Literal["auto"] = "auto",
     progress: Callable[[int], None] | None = None,
 ) -> LoadReport:
     """Write signed documents (``ordinal, id, signature[, metadata]``) into a new store.
 
     LMDB has one writer, so the driver writes: partitions stream to it in ordinal order
-    (at most two partitions in memory), each ``batch_size`` documents are one
-    transaction of :meth:`Store.add_signatures`. Inserting in ordinal order makes the
-    store equal to one built by adding the input in order, down to query tie-breaks.
+    (at most two partitions in memory), each ``batch_size`` documents (``"auto"``:
+    :meth:`Store.transaction_size`) are one transaction of :meth:`Store.add_signatures`.
+    Inserting in ordinal order makes the store equal to one built by adding the input in
+    order, down to query tie-breaks.
     The store is built next to ``path`` and moved there only once complete and checked,
     so a failed load leaves nothing at ``path``.
 
@@ -287,14 +288,12 @@ def bulk_load(
     """
     target = Path(path)
     _check_empty("path", target)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidParameterError("batch_size", batch_size, "a positive integer")
+    check_batch_size(batch_size)
     started = time.perf_counter()
     building = target.parent / f".{target.name}.loading-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     has_metadata = "metadata" in docs.columns
-    columns = ["ordinal", "id", "signature"] + (["metadata"] if has_metadata else [])
-    done = batches = 0
+    done = loaded = 0
     try:
         with Store.open(
             building,
@@ -302,21 +301,9 @@ def bulk_load(
             durable=False,  # one sync at the end; a crash leaves only the temporary copy
             **params.open_options(),
         ) as store:
-            batch: list[tuple[str, Any, Any]] = []
-            for row in _rows(docs.select(*columns)):
-                signature = np.frombuffer(row["signature"], dtype="<u4")
-                raw = row["metadata"] if has_metadata else None
-                metadata = None if raw is None else codec.unpack_meta(bytes(raw))
-                batch.append((row["id"], signature, metadata))
-                if len(batch) >= batch_size:
-                    done += store.add_signatures(batch, batch_size=None)
-                    batches += 1
-                    batch = []
-                    if progress is not None:
-                        progress(done)
-            if batch:
+            for batch in batches(_load_items(docs, has_metadata), store._batch_sizes(batch_size)):
                 done += store.add_signatures(batch, batch_size=None)
-                batches += 1
+                loaded += 1
                 if progress is not None:
                     progress(done)
             store.sync()
@@ -329,7 +316,16 @@ def bulk_load(
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    return LoadReport(str(target), done, batches, round(time.perf_counter() - started, 3), True)
+    return LoadReport(str(target), done, loaded, round(time.perf_counter() - started, 3), True)
+
+
+def _load_items(docs: DataFrame, has_metadata: bool) -> Iterator[tuple[str, Any, Any]]:
+    """``(id, signature, metadata)`` of signed documents, in ordinal order."""
+    columns = ["ordinal", "id", "signature"] + (["metadata"] if has_metadata else [])
+    for row in _rows(docs.select(*columns)):
+        raw = row["metadata"] if has_metadata else None
+        metadata = None if raw is None else codec.unpack_meta(bytes(raw))
+        yield row["id"], np.frombuffer(row["signature"], dtype="<u4"), metadata
 
 
 def load_output(
@@ -337,7 +333,7 @@ def load_output(
     out: str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
-    batch_size: int = 10_000,
+    batch_size: int | Literal["auto"] = "auto",
     progress: Callable[[int], None] | None = None,
 ) -> LoadReport:
     """Bulk-load the signatures of a :func:`run_dedup` output into a new store at ``path``."""
