@@ -536,7 +536,7 @@ def _plain(key: str | bytes) -> str:
 @click.option("--id-field", default="id", show_default=True, help="JSON-lines key field.")
 @click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
 @click.option("--threshold", type=float, default=None, help="Similarity threshold (store's).")
-@click.option("--batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=ingest.DEDUP_BATCH, show_default=True)
 @click.option("--fail-on-duplicates", is_flag=True, help="Exit 1 if anything was dropped.")
 @_json_option
 def dedup(
