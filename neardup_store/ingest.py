@@ -36,7 +36,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
@@ -528,11 +528,15 @@ def _signed_batches(
             read += len(part)
             loaded = [_as_record(item) for item in part]
             good, bad = _sign(store, [r for r in loaded if isinstance(r, Record)])
-            signed += [_Signed(replace(doc.record, text=""), doc.signature) for doc in good]
+            signed += [_Signed(_without_text(doc.record), doc.signature) for doc in good]
             failed += [r for r in loaded if isinstance(r, Failure)] + bad
         if not read:
             return
         yield read, signed, failed
+
+
+def _without_text(record: Record) -> Record:
+    return Record(record.key, "", record.metadata, record.source)
 
 
 def _check_batch_size(batch_size: int) -> None:
