@@ -44,6 +44,7 @@ from neardup_store.errors import (
     EmptyDocumentError,
     InvalidParameterError,
     InvalidStreamError,
+    KeyNotFoundError,
     TextDecodeError,
     TransactionAbortedError,
 )
@@ -148,6 +149,10 @@ def test_long_keys_within_the_limit_round_trip(tmp_path: Path, length: int, kind
     with Store.open(tmp_path / "s") as store:
         assert store.remove(key) and key not in store and twin in store
         assert store.check().ok
+        with pytest.raises(KeyNotFoundError):
+            store.remove_many([twin, key])  # nothing removed: key is gone
+        assert store.remove_many([twin, key, twin], missing_ok=True) == 1
+        assert twin not in store and store.check().ok
 
 
 def test_duplicate_in_a_later_batch_of_one_call_keeps_the_earlier_batches(tmp_path: Path) -> None:
