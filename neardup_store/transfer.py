@@ -27,10 +27,9 @@ from .errors import InvalidParameterError, InvalidStreamError, NeardupError
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import batches, check_batch_size
+from .store import Store, batches, check_batch_size
 
 if TYPE_CHECKING:
-    from .store import Store
     from .txn import Key
 
 PROGRESS_EVERY = 1000
@@ -256,8 +255,6 @@ def create_from_export(
         InvalidStreamError: the stream is not a valid export. The store created so far
             is closed and stays, holding the batches committed before the bad one.
     """
-    from .store import Store
-
     check_batch_size(batch_size)  # before the store is made
     if (Path(path) / "data.mdb").exists():
         raise InvalidParameterError("path", str(path), "a directory without a store")

@@ -5,9 +5,11 @@
     python tools/profile_store.py query --documents 1000000
     python tools/profile_store.py size --documents 200000
     python tools/profile_store.py phases --documents 1000000
+    python tools/profile_store.py transactions --documents 10000000
 
 Each builds a store of random signatures (num_perm 128, 9 x 13 bands, as the benchmark's
-store), 10k documents per transaction with ``durable=False``, in a temporary directory:
+store), 10k documents per transaction (``transactions``: the library's default,
+``batch_size="auto"``) with ``durable=False``, in a temporary directory:
 
 * ``ingest`` profiles five more 10k-document transactions at that size;
 * ``remove`` profiles ``remove_many`` of 2% of the store in 10k batches;
@@ -21,7 +23,11 @@ store), 10k documents per transaction with ``durable=False``, in a temporary dir
   document: the steps the store runs, in its order, timed one by one (three rounds; the
   store grows by 140k documents a round, then the removals take 180k);
 * ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
-  which also holds the free pages copy-on-write leaves.
+  which also holds the free pages copy-on-write leaves;
+* ``transactions`` adds one transaction each of ``--sizes`` documents (default: the
+  store's ``transaction_size()``, 500k and a tenth of the store), twice in turn, with
+  docs/s and the growth of the process's peak memory (Linux ``VmHWM``, reset before
+  each) during the transaction.
 
 Pin it to an idle core (``taskset -c 1``) and compare runs made minutes apart only.
 """
@@ -52,16 +58,46 @@ BATCH = 10_000
 OPTIONS = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
 
 
-def build(path: Path, documents: int, rng: np.random.Generator) -> Store:
+def build(path: Path, documents: int, rng: np.random.Generator, auto: bool = False) -> Store:
+    """A store of ``documents`` random signatures, 10k per transaction (or as
+    ``batch_size="auto"`` commits)."""
     store = Store.open(path, create=True, durable=False, **OPTIONS)
-    for lo in range(0, documents, BATCH):
-        add_batch(store, lo, rng)
+    lo = 0
+    while lo < documents:
+        size = min(documents - lo, store.transaction_size() if auto else BATCH)
+        add_batch(store, lo, rng, size)
+        lo += size
     return store
 
 
-def add_batch(store: Store, lo: int, rng: np.random.Generator) -> None:
-    sigs = rng.integers(0, 2**32, size=(BATCH, 128), dtype=np.uint32)
+def add_batch(store: Store, lo: int, rng: np.random.Generator, size: int = BATCH) -> None:
+    sigs = rng.integers(0, 2**32, size=(size, 128), dtype=np.uint32)
     store.add_signatures([(f"d{lo + i}", sig) for i, sig in enumerate(sigs)], batch_size=None)
+
+
+def _status_mib(field: str) -> int:
+    """A memory figure of this process from ``/proc/self/status``, in MiB."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split(f"{field}:")[1].split()[0]) // 1024
+
+
+def transactions(
+    store: Store, documents: int, rng: np.random.Generator, sizes: Sequence[int] = ()
+) -> None:
+    sizes = sizes or (store.transaction_size(), 500_000, documents // 10)
+    added = documents
+    for size in [*sizes, *sizes]:
+        sigs = rng.integers(0, 2**32, size=(size, 128), dtype=np.uint32)
+        items = [(f"x{added + i}", sig) for i, sig in enumerate(sigs)]
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current size
+        before = _status_mib("VmRSS")
+        start = time.perf_counter()
+        store.add_signatures(items, batch_size=None)
+        seconds = time.perf_counter() - start
+        growth = _status_mib("VmHWM") - before
+        rate = size / seconds
+        print(f"at {added}: {size} per transaction, {rate:.0f} docs/s, peak +{growth} MiB")
+        added += size
 
 
 def profiled(run: Callable[[], object], lines: int = 15) -> float:
@@ -268,18 +304,30 @@ def phases(store: Store, documents: int, rng: np.random.Generator) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["ingest", "remove", "query", "size", "phases"])
+    parser.add_argument(
+        "what", choices=["ingest", "remove", "query", "size", "phases", "transactions"]
+    )
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--sizes", type=lambda text: [int(x) for x in text.split(",")], default=[],
+        help="transactions: documents per timed transaction, comma-separated",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
     rng = np.random.default_rng(args.seed)
-    run = {"ingest": ingest, "remove": remove, "query": query, "size": size, "phases": phases}[
-        args.what
-    ]
+    run = {
+        "ingest": ingest,
+        "remove": remove,
+        "query": query,
+        "size": size,
+        "phases": phases,
+        "transactions": lambda store, n, rng: transactions(store, n, rng, args.sizes),
+    }[args.what]
+    auto = args.what == "transactions"
     with (
         tempfile.TemporaryDirectory(prefix="neardup-profile-") as scratch,
-        build(Path(scratch) / "store", documents, rng) as store,
+        build(Path(scratch) / "store", documents, rng, auto) as store,
     ):
         run(store, documents, rng)
     return 0
