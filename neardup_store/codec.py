@@ -460,6 +460,34 @@ def decode_signature(data: bytes, doc_id: int | None = None) -> npt.NDArray[np.u
     return np.frombuffer(signature, dtype="<u4")
 
 
+def decode_signatures(
+    records: Sequence[tuple[bytes, bytes]], num_perm: int
+) -> npt.NDArray[np.uint32]:
+    """The signatures of ``(id, record)`` pairs as one ``(n, num_perm)`` matrix, each record
+    verified as by :func:`decode_signature` and holding ``num_perm`` values.
+
+    Per record only the checksum, the header and one slice: the matrix is made in one
+    step, not an array per record (removal and rebuilds read signatures by the thousand).
+    """
+    width = 4 * num_perm
+    least = _HEADER.size + width  # and the checksum after it
+    header, stored, digest = _HEADER.unpack_from, _CHECKSUM.unpack_from, xxhash.xxh64_intdigest
+    rows = []
+    for raw_id, data in records:
+        end = len(data) - _CHECKSUM.size
+        if end < least or digest(data[:end]) != stored(data, end)[0]:
+            _split_record(bytes(data), decode_id(raw_id))  # raises the exact reason
+        version, _, perm, key_len = header(data)
+        start = _HEADER.size + key_len
+        if version != RECORD_VERSION or perm != num_perm or start + width > end:
+            doc_id = decode_id(raw_id)
+            _split_record(bytes(data), doc_id)
+            raise CorruptRecordError(doc_id, f"signature of {perm} values, expected {num_perm}")
+        rows.append(data[start : start + width])
+    signatures = np.frombuffer(b"".join(rows), dtype="<u4").reshape(len(rows), num_perm)
+    return signatures.astype(np.uint32)
+
+
 def record_key_and_signature(
     data: bytes, doc_id: int | None = None
 ) -> tuple[bytes, bool, npt.NDArray[np.uint32]]:

@@ -227,7 +227,7 @@ def _id_pairs(store: Store, threshold: float) -> Iterator[tuple[int, int, Key, K
     with store.read() as reader:
         for batch in _table_batches(reader.txn, store._docs_db, BATCH):
             ids = [raw_id for raw_id, _ in batch]
-            sigs = np.stack([codec.decode_signature(rec, codec.decode_id(i)) for i, rec in batch])
+            sigs = codec.decode_signatures(batch, store.config.num_perm)
             for raw_id, (_, record), sig, keys in zip(
                 ids, batch, sigs, reader._band_key_rows(sigs), strict=True
             ):
@@ -748,7 +748,7 @@ def _rebanding(
         count = 0
         for batch in _table_batches(txn, store._docs_db, BATCH):
             ids = [raw_id for raw_id, _ in batch]
-            sigs = np.stack([codec.decode_signature(rec, codec.decode_id(i)) for i, rec in batch])
+            sigs = codec.decode_signatures(batch, store.config.num_perm)
             _fill_bands(txn, new_dbs, ids, sigs, banding, store.config.seed, layout)
             count += len(batch)
             if progress is not None:

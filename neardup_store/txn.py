@@ -523,8 +523,8 @@ class ReadTxn:
             record = records.get(doc_id)
             if record is None:
                 record = records[doc_id] = self._record(doc_id)
-            rows.append(codec.decode_signature(record, codec.decode_id(doc_id)))
-        return np.stack(rows)
+            rows.append((doc_id, record))
+        return codec.decode_signatures(rows, self._store.config.num_perm)
 
     def _verify(
         self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float

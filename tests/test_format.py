@@ -120,10 +120,31 @@ def test_decode_pinned_records() -> None:
 def test_any_flipped_byte_is_detected(position: int) -> None:
     damaged = bytearray(RECORD_1)
     damaged[position] ^= 0x20
-    for decode in (codec.decode_record, codec.decode_signature, codec.record_key):
+    for decode in (codec.decode_record, codec.decode_signature, codec.record_key, _in_a_batch):
         with pytest.raises(CorruptRecordError) as raised:
             decode(bytes(damaged), 17)
         assert raised.value.doc_id == 17 and raised.value.reason == "checksum mismatch"
+
+
+def _in_a_batch(record: bytes, doc_id: int) -> np.ndarray:
+    """decode_signatures of ``record`` between two sound records."""
+    pairs = [(codec.encode_id(1), RECORD_2), (codec.encode_id(doc_id), record)]
+    return codec.decode_signatures([*pairs, (codec.encode_id(99), RECORD_1)], 4)
+
+
+def test_a_batch_of_records_decodes_to_their_signatures() -> None:
+    """Keys of different lengths, with and without metadata: the same signatures as one
+    record at a time, as a writable uint32 matrix."""
+    got = _in_a_batch(RECORD_1, 2)
+    assert got.dtype == np.uint32 and got.flags.writeable
+    assert np.array_equal(got, np.stack([SIGNATURE_2, SIGNATURE_1, SIGNATURE_1]))
+    assert codec.decode_signatures([], 4).shape == (0, 4)
+
+
+def test_a_batch_refuses_a_record_with_another_number_of_values() -> None:
+    with pytest.raises(CorruptRecordError, match="signature of 4 values, expected 8") as raised:
+        codec.decode_signatures([(codec.encode_id(7), RECORD_2)], 8)
+    assert raised.value.doc_id == 7
 
 
 BAD_BODIES: list[tuple[str, bytes]] = [
@@ -136,12 +157,23 @@ BAD_BODIES: list[tuple[str, bytes]] = [
     ("metadata map with an int key", RECORD_1[:29] + bytes.fromhex("8101a178")),
     ("str key not UTF-8", RECORD_1[:8] + b"doc\xff1" + RECORD_1[13:-8]),
 ]
+SIGNATURE_DAMAGE = BAD_BODIES[:3]
+"""The bad bodies that also leave no signature to read."""
 
 
 @pytest.mark.parametrize("body", [b for _, b in BAD_BODIES], ids=[n for n, _ in BAD_BODIES])
 def test_records_that_pass_the_checksum_but_do_not_decode(body: bytes) -> None:
     with pytest.raises(CorruptRecordError):
         codec.decode_record(reseal(body), 3)
+
+
+@pytest.mark.parametrize(
+    "body", [b for _, b in SIGNATURE_DAMAGE], ids=[n for n, _ in SIGNATURE_DAMAGE]
+)
+def test_a_batch_refuses_records_whose_signature_does_not_decode(body: bytes) -> None:
+    with pytest.raises(CorruptRecordError) as raised:
+        _in_a_batch(reseal(body), 5)
+    assert raised.value.doc_id == 5
 
 
 @pytest.mark.parametrize("length", [0, 1, 15])
