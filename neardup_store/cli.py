@@ -840,16 +840,29 @@ def stats(path: str, largest: int, as_json: bool) -> None:
     help="Read keys from this file, one a line ('-' for stdin).",
 )
 @click.option("--missing-ok", is_flag=True, help="Ignore keys that are not stored.")
+@click.option(
+    "--batch-size",
+    type=_BatchSize(),
+    default=None,
+    help="Keys per transaction, or auto (as add's); default: all in one, all or nothing.",
+)
 @_json_option
 def remove(
-    path: str, keys: tuple[str, ...], from_file: IO[str] | None, missing_ok: bool, as_json: bool
+    path: str,
+    keys: tuple[str, ...],
+    from_file: IO[str] | None,
+    missing_ok: bool,
+    batch_size: int | Literal["auto"] | None,
+    as_json: bool,
 ) -> None:
-    """Remove documents by key (all in one transaction: all or nothing).
+    """Remove documents by key, in one transaction (all or nothing) unless --batch-size
+    commits every that many; a missing key fails before anything is removed.
 
     \b
     Example:
         neardup-admin remove ./corpus.ndx doc-17 doc-18
         neardup-admin remove ./corpus.ndx --from-file stale-keys.txt --missing-ok
+        neardup-admin remove ./corpus.ndx --from-file takedowns.txt --batch-size auto
     """
     wanted = list(keys)
     if from_file is not None:
@@ -857,7 +870,7 @@ def remove(
     if not wanted:
         raise click.UsageError("give keys as arguments or with --from-file")
     with open_store(path, readonly=False) as store:
-        removed = store.remove_many(wanted, missing_ok=missing_ok)
+        removed = store.remove_many(wanted, missing_ok=missing_ok, batch_size=batch_size)
     if as_json:
         render.json_line({"removed": removed, "asked": len(wanted)})
     else:

@@ -53,6 +53,7 @@ from .errors import (
     ForkedStoreError,
     FormatVersionError,
     InvalidParameterError,
+    KeyNotFoundError,
     NotAStoreError,
     ParamsMismatchError,
     ReadOnlyError,
@@ -878,10 +879,28 @@ class Store:
         with self.write() as txn:
             return txn.remove(key, missing_ok=missing_ok)
 
-    def remove_many(self, keys: Iterable[Key], *, missing_ok: bool = False) -> int:
-        """See :meth:`WriteTxn.remove_many` (one transaction)."""
-        with self.write() as txn:
-            return txn.remove_many(keys, missing_ok=missing_ok)
+    def remove_many(
+        self, keys: Iterable[Key], *, missing_ok: bool = False, batch_size: BatchSize = None
+    ) -> int:
+        """:meth:`WriteTxn.remove_many`: one transaction, all or nothing, unless
+        ``batch_size`` (a number or ``"auto"``, as for :meth:`add_many`) asks for a commit
+        every that many keys, which bounds the memory and the pages one transaction holds.
+
+        A key listed twice is removed once. Unless ``missing_ok``, every key is looked up
+        before the first commit, so a missing one raises with nothing removed (a key that
+        another process removes meanwhile fails its batch, the ones before it stay).
+        """
+        wanted = list({codec.key_index(*codec.key_bytes(key)): key for key in keys}.values())
+        next_size = self._batch_sizes(batch_size)
+        first = next_size()
+        if not missing_ok and first is not None and len(wanted) > first:
+            with self.read() as reader:
+                absent = next((key for key in wanted if key not in reader), None)
+            if absent is not None:
+                raise KeyNotFoundError(absent)
+        return self._in_batches(
+            wanted, batch_size, lambda txn, batch: txn.remove_many(batch, missing_ok=missing_ok)
+        )
 
     def add_if_unique(self, key: Key, document: object = None, **options: Any) -> UniqueResult:
         """See :meth:`WriteTxn.add_if_unique`."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from concurrency_scenarios import commit_counter
 from test_maintenance import _missing_meta_entry, _put
 
 from neardup_store import Store, __version__, codec
@@ -309,7 +310,15 @@ def test_remove_keys_from_arguments_and_stdin(runner: CliRunner, store_path: Pat
     assert _jsonl(result.output) == [{"removed": 1, "asked": 1}]
     with Store.open(store_path, read_only=True) as store:
         assert sorted(store) == ["recipe-b", "storm-b", "unrelated"]
+    counter = commit_counter(store_path)
     assert _run(runner, "remove", store_path).exit_code == 2
+    bad = _run(runner, "remove", store_path, "storm-b", "--batch-size", "0")
+    assert bad.exit_code == 2 and "'0' is neither a positive integer nor 'auto'" in bad.output
+    batched = _run(runner, "remove", store_path, "storm-b", "recipe-b", "--batch-size", "1")
+    assert batched.output == "Removed 2 of 2 documents.\n"
+    with Store.open(store_path, read_only=True) as store:
+        assert list(store) == ["unrelated"]
+    assert commit_counter(store_path) == counter + 2  # one commit per key
 
 
 def test_pairs_and_clusters_formats(runner: CliRunner, store_path: Path) -> None:

@@ -626,6 +626,31 @@ def test_remove_and_remove_many(store: Store) -> None:
         store.get("k2")
 
 
+def test_remove_many_in_batches(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches commit on their own; a missing key still raises before any of them, a key
+    listed twice goes once even across batches, and the matches follow."""
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 4)
+    texts = random_texts(30)
+    store.add_many([(f"k{i}", t) for i, t in enumerate(texts)], batch_size=None)
+    counter = commit_counter(store)
+    with pytest.raises(KeyNotFoundError) as raised:
+        store.remove_many([f"k{i}" for i in range(10)] + ["absent"], batch_size=3)
+    assert raised.value.key == "absent" and len(store) == 30
+    assert commit_counter(store) == counter
+    doomed = [f"k{i}" for i in range(0, 20, 2)]
+    assert store.remove_many([*doomed, "k0", "absent"], batch_size=4, missing_ok=True) == 10
+    assert commit_counter(store) == counter + 3  # 11 distinct keys, 4 at a time
+    # "auto": the minimum (4) while the store holds under 40 documents.
+    assert store.remove_many([f"k{i}" for i in range(1, 20, 2)], batch_size="auto") == 10
+    assert commit_counter(store) == counter + 6
+    assert list(store) == [f"k{i}" for i in range(20, 30)]
+    assert store.query(texts[4], threshold=0.1) == []
+    assert [m.key for m in store.query(texts[25])] == ["k25"]
+    with pytest.raises(InvalidParameterError, match="auto"):
+        store.remove_many(["k25"], batch_size=0)
+    assert len(store) == 10
+
+
 def test_contains_len_and_iteration_in_insertion_order(store: Store) -> None:
     keys: list[str | bytes] = ["zeta", b"alpha", "mid", b"\x00", "Ω"]
     store.add_many(zip(keys, random_texts(len(keys)), strict=True))
