@@ -189,6 +189,11 @@ def _cpu_throughput(report: dict[str, Any], key: str, figure: str) -> float | No
     return None
 
 
+def _removal_batch(run: dict[str, Any]) -> str:
+    """``, N per transaction`` when the run recorded it (runs before it used 10k)."""
+    return f", {run['remove_transaction']} per transaction" if "remove_transaction" in run else ""
+
+
 def _per_transaction(point: dict[str, Any]) -> str:
     """`` (N)``: the most documents one transaction of the checkpoint's window committed
     (reports from before ``batch_size="auto"`` lack it: they used 10k throughout)."""
@@ -374,7 +379,10 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             add("at num_perm 128, recall and precision each ≥ datasketch's and rensa's",
                 "; ".join(f"{k.split(' (')[0]} {v['recall']:.3f}/{v['precision']:.3f}"
                           for k, v in acc.items() if "estimate >= 0.8" in k)
-                + f" vs ours {at_128['recall']:.3f}/{at_128['precision']:.3f}", ok)  # fmt: skip
+                + f" vs ours {at_128['recall']:.3f}/{at_128['precision']:.3f}"
+                + "".join(f" (exact re-verification, texts kept: {v['recall']:.3f}/"
+                          f"{v['precision']:.3f})" for k, v in acc.items()
+                          if k.startswith("ours num_perm 128") and "exact" in k), ok)  # fmt: skip
         exact = [v for k, v in acc.items() if "exact" in k]
         if exact:
             best = max(exact, key=lambda v: v["recall"])
@@ -511,7 +519,7 @@ def render(report: dict[str, Any]) -> str:
             f"| batch query by text, docs/s | {mine['batch_query_text_per_s']:.0f} | | |",
             *cache_rows,
             *dedup_rows(mine, mem),
-            f"| remove (batched), docs/s | {mine['remove_per_s']:.0f} | "
+            f"| remove (batched{_removal_batch(mine)}), docs/s | {mine['remove_per_s']:.0f} | "
             f"{cell(mem, 'remove_per_s')} | {cell(red, 'remove_per_s')} |",
             f"| bytes per document | {last['used_bytes_per_doc']:.0f} on disk "
             f"({mine['bytes_per_doc_compacted']:.0f} compacted) | "
@@ -546,6 +554,11 @@ def render(report: dict[str, Any]) -> str:
                 f", {point['query_cached_major_faults']} / "
                 f"{point['query_cached_again_major_faults']} major faults"
                 if "query_cached_major_faults" in point
+                else ""
+            ) + (
+                f", {point['query_cached_minor_faults']} / "
+                f"{point['query_cached_again_minor_faults']} minor"
+                if "query_cached_minor_faults" in point
                 else ""
             )
             cache_cells = (

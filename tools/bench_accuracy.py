@@ -132,6 +132,8 @@ def run(
         ("ours num_perm 128 (9x13 as datasketch, signature-verified)",
          lambda: ours(docs, 128, banding=(9, 13))),
         ("ours defaults, exact re-verification", lambda: ours(docs, exact=True)),
+        (f"ours num_perm 128 ({at_128.bands}x{at_128.rows}), exact re-verification",
+         lambda: ours(docs, 128, exact=True)),
         (
             f"ours num_perm {default_perm}, bands for t=0.6 ({low.bands}x{low.rows}), "
             "exact re-verification",

@@ -11,8 +11,9 @@ figure here is measured in the same process on the same data as its peer figure:
   scale figures); datasketch ``MinHashLSH.insert`` gets the same signatures.
 * ``queries`` — query by signature (p50/p99, one query per call), by text, and batch
   query throughput; the same signature queries against datasketch.
-* ``remove`` — batched removal (``remove_many``, 10k per transaction) against
-  ``MinHashLSH.remove``, the same keys spread over the whole store.
+* ``remove`` — batched removal (``remove_many`` with ``batch_size="auto"``, the
+  transaction size ingest commits at) against ``MinHashLSH.remove``, the same keys
+  spread over the whole store.
 * ``size`` — bytes on disk per document (as ingested and after ``compact``), against
   datasketch's pickle and Redis ``used_memory``.
 * ``end_to_end`` — text → committed store, one process on one core and two processes on
@@ -49,7 +50,7 @@ from corpus import stream_documents
 
 TOOLS = Path(__file__).resolve().parent
 CACHE = TOOLS / "results" / "cache"
-BATCH = 10_000  # documents per write transaction for remove and dedup on ingest
+BATCH = 10_000  # documents per write transaction for dedup on ingest
 STORE_OPTIONS: dict[str, Any] = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
 """The table's setting (num_perm 128, t = 0.8) with the banding datasketch picks for it, so
 both sides look up the same number of bands; the store's defaults are num_perm 256 with
@@ -71,6 +72,12 @@ def percentiles(seconds: Sequence[float]) -> dict[str, float]:
 def major_faults() -> int:
     """Page faults of this process so far that had to wait for the disk."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
+def minor_faults() -> int:
+    """Page faults of this process so far served from memory (a page mapped on its first
+    touch, or again after the kernel took it away from this process)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def large_signatures(count: int, seed: int, log: Callable[[str], None]) -> np.ndarray:
@@ -205,14 +212,16 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def timed_passes(txn: Any, queries: np.ndarray) -> list[tuple[dict[str, float], int]]:
-    """Two timed passes of single signature queries in ``txn``, each with its major
-    faults: the second pass shows the latency once the first brought its pages in."""
+def timed_passes(txn: Any, queries: np.ndarray) -> list[tuple[dict[str, float], int, int]]:
+    """Two timed passes of single signature queries in ``txn``, each with its major and
+    minor faults: the second pass shows the latency once the first brought its pages in."""
     passes = []
     for _ in range(2):
-        faults = major_faults()
+        faults = major_faults(), minor_faults()
         latency = time_each(lambda q, txn=txn: txn.query(signature=q), queries)
-        passes.append((percentiles(latency), major_faults() - faults))
+        passes.append(
+            (percentiles(latency), major_faults() - faults[0], minor_faults() - faults[1])
+        )
     return passes
 
 
@@ -238,6 +247,8 @@ def signature_passes(store: Any, queries: np.ndarray) -> dict[str, Any]:
         "query_signature_cached_again": cached[1][0],
         "query_cached_again_major_faults": cached[1][1],
         "band_cache_bytes": store._band_cache.nbytes,
+        "query_cached_minor_faults": cached[0][2],
+        "query_cached_again_minor_faults": cached[1][2],
     }
 
 
@@ -304,9 +315,9 @@ def ours_large(
         result["bytes_per_doc"] = used_bytes(store) / n
         result["file_bytes_per_doc"] = os.path.getsize(path / "data.mdb") / n
         keys = removal_keys(n)
+        result["remove_transaction"] = min(len(keys), store.transaction_size())
         start = time.perf_counter()
-        for lo in range(0, len(keys), BATCH):
-            store.remove_many(keys[lo : lo + BATCH])
+        store.remove_many(keys, batch_size="auto")
         result["remove_per_s"] = len(keys) / (time.perf_counter() - start)
         store.query(signature=dedup[0])  # the band cache catches up with the removals
         result["dedup"] = ours_dedup(store, dedup)

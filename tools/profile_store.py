@@ -19,9 +19,9 @@ store), 10k documents per transaction (``transactions``: the library's default,
   profiler (band keys, candidate lookups, the bare LMDB seeks alone), and those of
   near-duplicate queries that find a candidate (lookups, reading and verifying records);
 * ``phases`` times, without the profiler, each step of ``_insert_new`` (transactions of
-  10k, 30k and 100k documents) and of ``_delete_many`` (10k and 50k), in µs per
+  10k, 30k and 100k documents) and of ``_delete_many`` (10k, 50k and 100k), in µs per
   document: the steps the store runs, in its order, timed one by one (three rounds; the
-  store grows by 140k documents a round, then the removals take 180k);
+  store grows by 140k documents a round, then the removals take 480k);
 * ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
   which also holds the free pages copy-on-write leaves;
 * ``transactions`` adds one transaction each of ``--sizes`` documents (default: the
@@ -275,7 +275,7 @@ def phases(store: Store, documents: int, rng: np.random.Generator) -> None:
         clock.print()
         added += size
     keys = [f"d{i}" for i in rng.permutation(added)]
-    for size in (10_000, 50_000) * 3:
+    for size in (10_000, 50_000, 100_000) * 3:
         chosen, keys = keys[:size], keys[size:]
         clock = Clock(f"remove {size} at {added}", size)
         with store.write() as txn:
