@@ -8,7 +8,9 @@ land only by luck. The write path calls :func:`checkpoint` at these points:
 ``after-put``      a document's record and key entry are written, its band
                    entries not yet
 ``after-bands``    a document's band entries are written
-``after-remove``   a document's band entries, record and key entry are deleted
+``after-remove``   a document's record and key entry are deleted, its record
+                   moved to ``removed`` (older formats: its band entries deleted)
+``after-purge``    a purge's band entries and ``removed`` records are deleted
 ``before-commit``  the counters are written; LMDB's commit comes next
 ``after-commit``   LMDB's commit has returned; the caller has not seen it yet
 ``after-grow``     the map was just grown (before a write, or before a replay)
@@ -35,6 +37,7 @@ POINTS = (
     "after-put",
     "after-bands",
     "after-remove",
+    "after-purge",
     "before-commit",
     "after-commit",
     "after-grow",

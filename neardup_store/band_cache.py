@@ -24,7 +24,7 @@ Why it can answer for a snapshot without replaying what each commit changed:
   transaction wrote, which an abort could hand out again.
 
 Candidates are the same as LMDB's: the cache keys each entry by the bytes of the band key
-the store's :class:`~.codec.BandLayout` keeps (40 bits in format 4). Entries of removed
+the store's :class:`~.codec.BandLayout` keeps (40 bits in formats 4 and 5). Entries of removed
 documents stay until they outnumber the live ones, when the cache is rebuilt.
 
 Memory is 16 bytes a slot per band, between 60 % and 80 % full (linear probing slows

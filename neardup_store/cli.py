@@ -879,6 +879,37 @@ def remove(
 
 @cli.command()
 @click.argument("path", type=STORE)
+@click.option(
+    "--batch-size",
+    type=_BatchSize(),
+    default="auto",
+    help="Documents per transaction, or auto (the default, as add's).",
+)
+@_json_option
+def purge(path: str, batch_size: int | Literal["auto"], as_json: bool) -> None:
+    """Delete the band entries that removed documents leave behind.
+
+    A removal takes a document out of every query at once; its band entries wait for a
+    purge, which deletes many at a time. One runs on its own once they pass a tenth of
+    the documents, and compact runs one first.
+
+    \b
+    Example:
+        neardup-admin purge ./corpus.ndx
+    """
+    with open_store(path, readonly=False) as store:
+        with store.read() as reader:
+            waiting = reader._awaiting_purge()
+        with _doc_progress("Purging", waiting) as progress:
+            purged = store.purge(batch_size, progress)
+    if as_json:
+        render.json_line({"purged": purged})
+    else:
+        click.echo(f"Purged the band entries of {purged} removed documents.")
+
+
+@cli.command()
+@click.argument("path", type=STORE)
 @click.option("--repair", is_flag=True, help="Re-derive band tables from the signatures.")
 @_json_option
 def check(path: str, repair: bool, as_json: bool) -> None:

@@ -165,6 +165,7 @@ def render_stats(stats: StoreStats, as_json: bool) -> None:
     """``stats``: sizes, counters, parameters, bucket-size histogram and largest buckets."""
     base = {
         "documents": stats.documents,
+        "awaiting_purge": stats.awaiting_purge,
         "generation": stats.generation,
         "format_version": stats.format_version,
         "file_bytes": stats.file_bytes,

@@ -8,10 +8,11 @@ values are little-endian.
 ``meta`` — text key → msgpack value
     ``format``           the string ``"neardup_store"``: marks the environment as a store.
     ``format_version``   int, :data:`FORMAT_VERSION` of the writer; this release also reads
-                         and writes format 1, 2 and 3 stores (:data:`READABLE_FORMATS`).
-                         Formats 2 and 3 differ only in the layout of the band tables;
-                         format 1 also in its band keys. A rebuild moves a store to the
-                         current format.
+                         and writes format 1 to 4 stores (:data:`READABLE_FORMATS`).
+                         Format 4 differs from 5 only in having no ``removed`` table;
+                         formats 2 and 3 also in the layout of the band tables; format 1
+                         also in its band keys. A rebuild moves a store to the current
+                         format.
     ``package_version``  str, the neardup_store release that created the store.
     ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``.
     ``config``           map, :meth:`MinHashConfig.to_dict` (num_perm, scheme, seed and the
@@ -59,7 +60,7 @@ values are little-endian.
     adjacent. The :class:`BandLayout` of the store's format says which bytes of the two
     are kept and where they go:
 
-    * format 4: the table key is the band key's first byte; the value (9 bytes) is the
+    * formats 4 and 5: the table key is the band key's first byte; the value (9 bytes) is the
       band key's next 4 bytes followed by the id's last 5. A table has at most 256 keys,
       each holding its entries as LMDB's packed fixed-size duplicates (no per-entry node
       header). A bucket is thus named by the band key's first 5 bytes (40 bits): band keys
@@ -67,14 +68,25 @@ values are little-endian.
       of each other's queries, verified like any other (about one in 10^5 lookups at 10M
       documents). Ids are below 2^40; a store that has handed out that many refuses
       further adds with :class:`~.errors.IdsExhaustedError`.
-    * format 3: as format 4, keeping all of both: the value (15 bytes) is the band key's
+    * format 3: as format 5, keeping all of both: the value (15 bytes) is the band key's
       other 7 bytes followed by the whole id.
     * formats 1 and 2: the table key is the whole band key; the value is the id (8 bytes).
 
     Fewer bytes per entry means fewer pages, and fewer pages copied on write by each
     batch of adds, the main cost of ingest (``tools/README.md``, "Where the time goes").
-    Adding or removing a document touches one entry per band. A rebuild writes a
-    new generation in the current layout and drops the old one in the same transaction.
+    Adding a document touches one entry per band. A rebuild writes a new generation in
+    the current layout and drops the old one in the same transaction.
+
+``removed`` — document id (8 bytes, big-endian) → document record (format 5 on)
+    The records of removed documents whose band entries have not been deleted yet. A
+    removal moves the record here from ``docs`` and deletes its ``keys`` entry, the two
+    pages it touches; its one entry per band stays until a purge deletes them and then
+    this entry, in one transaction. So a band entry names a document in ``docs`` or one
+    here, never neither, and a reader skips the ids it finds here (they have no record in
+    ``docs``). Purging many removals at once deletes their entries in key order, several
+    on each page copied, where deleting each removal's entries at once copies a page per
+    entry (``tools/README.md``, "Where the time goes"). Stores of formats 1 to 4 have no
+    such table: a removal there deletes its band entries in its own transaction.
 
 Export stream (:func:`export_header`, :func:`export_record`): a sequence of msgpack
 objects. First a header map ``{"format": "neardup_store-export", "version": 1, "config":
@@ -106,8 +118,9 @@ from .errors import CorruptRecordError, InvalidKeyError, MetadataError
 from .lsh import LSHParams
 
 FORMAT_NAME = "neardup_store"
-FORMAT_VERSION = 4
-READABLE_FORMATS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READABLE_FORMATS = (1, 2, 3, 4, 5)
+LAZY_REMOVAL_FORMAT = 5  # the first format with a ``removed`` table
 RECORD_VERSION = 1
 EXPORT_FORMAT = "neardup_store-export"
 EXPORT_VERSION = 1
@@ -115,6 +128,7 @@ EXPORT_VERSION = 1
 META_DB = b"meta"
 DOCS_DB = b"docs"
 KEYS_DB = b"keys"
+REMOVED_DB = b"removed"
 
 MAX_KEY_BYTES = 16 * 1024
 INLINE_KEY_BYTES = 400
@@ -283,7 +297,7 @@ def _bucket_view(key_bytes: int, lead_bytes: int) -> np.dtype[Any]:
 
 
 PACKED_BAND_ENTRIES = BandLayout(key_bytes=1, band_key_bytes=5, id_bytes=5)
-"""Format 4: 256 table keys, each holding packed 9-byte values (40-bit band keys, 40-bit
+"""Formats 4 and 5: 256 table keys, each holding packed 9-byte values (40-bit band keys, 40-bit
 ids)."""
 SPLIT_BAND_KEYS = BandLayout(key_bytes=1)
 """Format 3: 256 table keys, each holding packed 15-byte values."""

@@ -14,15 +14,18 @@ derived from them. :func:`check` verifies, in one snapshot:
 * every record decodes, its checksum is right and its signature has ``num_perm`` values;
 * every record's key index is in ``keys`` and points back to it, and every ``keys``
   entry points to a record with that key;
-* every document is in its bucket of every band, and every band entry is a document of
-  that bucket. Counting makes the second half cheap: a band holding exactly as many
-  entries as the documents found in it has no others, so only a band with extra entries
-  is walked to name them.
+* every record in ``removed`` (documents whose band entries await a purge) decodes like
+  one in ``docs``, and its id is not also a stored document's;
+* every document, stored or awaiting a purge, is in its bucket of every band, and every
+  band entry is one of them in that bucket. Counting makes the second half cheap: a band
+  holding exactly as many entries as the documents found in it has no others, so only a
+  band with extra entries is walked to name them.
 
-``repair=True`` rebuilds the derived tables (keys and bands) from the records in one
-write transaction and checks again. A damaged record or ``meta`` cannot be re-derived:
-those stay reported, for a restore from a backup or an export. Nor is a store repaired
-whose page structure is damaged: writing through a damaged B-tree can only spread it.
+``repair=True`` rebuilds the derived tables (keys and bands, with ``removed`` emptied)
+from the records in one write transaction and checks again. A damaged record or ``meta``
+cannot be re-derived: those stay reported, for a restore from a backup or an export. Nor
+is a store repaired whose page structure is damaged: writing through a damaged B-tree
+can only spread it.
 
 Errors the engine raises while reading (``lmdb.CorruptedError`` and the like) become
 ``structure`` findings, never exceptions. The engine reads the tables only after the walk
@@ -63,6 +66,7 @@ VIOLATION_KINDS: tuple[str, ...] = (
     "key-orphan",  # a keys entry whose document is missing or has another key (repair fixes)
     "band-missing",  # a document is not in its bucket of some band (repair fixes)
     "band-orphan",  # a band entry that is not a document of that bucket (repair fixes)
+    "removed-record",  # a record awaiting a purge is damaged or also stored (repair fixes)
 )
 """Every ``Violation.kind``, with what it means."""
 
@@ -118,6 +122,8 @@ def _is_int(value: object) -> bool:
 
 def _table_names(store: Store) -> set[bytes]:
     names = {codec.META_DB, codec.DOCS_DB, codec.KEYS_DB}
+    if store._removed_db is not None:
+        names.add(codec.REMOVED_DB)
     names.update(
         codec.band_table_name(store._generation, band) for band in range(store.banding.bands)
     )
@@ -155,9 +161,10 @@ class _Checker:
 
     def structure(self) -> bool:
         """Walk LMDB's pages of this snapshot; whether they are sound."""
-        expected = {name: 0 for name in (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB)}
-        for band in range(self.store.banding.bands):
-            expected[codec.band_table_name(self.store._generation, band)] = _BAND_FLAGS
+        expected = {
+            name: _BAND_FLAGS if name.startswith(b"band.") else 0
+            for name in _table_names(self.store)
+        }
         report = lmdbfile.walk(self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected)
         self.stale = report.stale
         for problem in report.problems:
@@ -231,46 +238,87 @@ class _Checker:
     # -- documents -----------------------------------------------------------------------
 
     def documents(self, next_id: int | None) -> None:
-        num_perm, id_limit = self.store.config.num_perm, self.store._band_layout.id_limit
         batch: list[tuple[bytes, npt.NDArray[np.uint32]]] = []
         with self.txn.cursor(db=self.store._docs_db) as cursor:
             for raw_id, value in cursor:
                 raw_id = bytes(raw_id)
                 self.checked += 1
-                if len(raw_id) != 8:
-                    self.add("doc-id", f"docs key {raw_id!r} is not an 8-byte id")
+                record = self.record(raw_id, value, next_id)
+                if record is None:
                     self.bad_ids.add(raw_id)
                     continue
-                doc_id = codec.decode_id(raw_id)
-                if doc_id >= id_limit:  # its band entries would name another id
-                    self.add("doc-id", f"id {doc_id} is beyond the format's {id_limit:,}", doc_id)
-                    self.bad_ids.add(raw_id)
-                    continue
-                if next_id is not None and doc_id >= next_id:
-                    self.add("doc-id", f"id {doc_id} is not below next_doc_id {next_id}", doc_id)
-                try:
-                    record = codec.decode_record(value, doc_id)
-                except ValueError as err:  # CorruptRecordError, or undecodable metadata
-                    reason = getattr(err, "reason", str(err))
-                    self.add("corrupt-record", f"record {doc_id}: {reason}", doc_id)
-                    self.bad_ids.add(raw_id)
-                    continue
-                if len(record.signature) != num_perm:
-                    self.add(
-                        "signature-length",
-                        f"record {doc_id} has {len(record.signature)} values, not {num_perm}",
-                        doc_id,
-                    )
-                    self.bad_ids.add(raw_id)
-                    continue
-                self.good += 1
-                self.key_entry(raw_id, doc_id, record.key)
-                batch.append((raw_id, record.signature))
-                if len(batch) == _BATCH:
-                    self.band_entries(batch)
-                    batch = []
+                self.key_entry(raw_id, codec.decode_id(raw_id), record.key)
+                batch = self.in_bands(batch, raw_id, record.signature)
+        if self.store._removed_db is not None:
+            batch = self.removed(batch, next_id)
         if batch:
             self.band_entries(batch)
+
+    def removed(
+        self, batch: list[tuple[bytes, npt.NDArray[np.uint32]]], next_id: int | None
+    ) -> list[tuple[bytes, npt.NDArray[np.uint32]]]:
+        """Check the records awaiting a purge, whose band entries must all still be there."""
+        docs = self.store._docs_db
+        with self.txn.cursor(db=self.store._removed_db) as cursor:
+            for raw_id, value in cursor:
+                raw_id = bytes(raw_id)
+                record = self.record(raw_id, value, next_id, removed=True)
+                stored = self.txn.get(raw_id, db=docs) is not None
+                if stored:
+                    self.add("removed-record", f"id {raw_id.hex()} is stored and removed")
+                if record is None or stored:
+                    self.bad_ids.add(raw_id)
+                    continue
+                batch = self.in_bands(batch, raw_id, record.signature)
+        return batch
+
+    def record(
+        self, raw_id: bytes, value: bytes, next_id: int | None, removed: bool = False
+    ) -> codec.DocumentRecord | None:
+        """The decoded record of ``raw_id`` if it can vouch for band entries (else what
+        is wrong with it is reported: for one in ``removed``, as a ``removed-record``,
+        which a repair fixes by dropping it with its band entries)."""
+        num_perm, id_limit = self.store.config.num_perm, self.store._band_layout.id_limit
+
+        def report(kind: str, detail: str, doc_id: int | None = None) -> None:
+            if removed:
+                kind, detail = "removed-record", f"removed {detail}"
+            self.add(kind, detail, doc_id)
+
+        if len(raw_id) != 8:
+            report("doc-id", f"{'' if removed else 'docs '}key {raw_id!r} is not an 8-byte id")
+            return None
+        doc_id = codec.decode_id(raw_id)
+        if doc_id >= id_limit:  # its band entries would name another id
+            report("doc-id", f"id {doc_id} is beyond the format's {id_limit:,}", doc_id)
+            return None
+        if next_id is not None and doc_id >= next_id:
+            report("doc-id", f"id {doc_id} is not below next_doc_id {next_id}", doc_id)
+        try:
+            record = codec.decode_record(value, doc_id)
+        except ValueError as err:  # CorruptRecordError, or undecodable metadata
+            reason = getattr(err, "reason", str(err))
+            report("corrupt-record", f"record {doc_id}: {reason}", doc_id)
+            return None
+        if len(record.signature) != num_perm:
+            size = len(record.signature)
+            report("signature-length", f"record {doc_id} has {size} values, not {num_perm}", doc_id)
+            return None
+        return record
+
+    def in_bands(
+        self,
+        batch: list[tuple[bytes, npt.NDArray[np.uint32]]],
+        raw_id: bytes,
+        signature: npt.NDArray[np.uint32],
+    ) -> list[tuple[bytes, npt.NDArray[np.uint32]]]:
+        """Queue a sound record's band entries for checking (a batch at a time)."""
+        self.good += 1
+        batch.append((raw_id, signature))
+        if len(batch) < _BATCH:
+            return batch
+        self.band_entries(batch)
+        return []
 
     def key_entry(self, raw_id: bytes, doc_id: int, key: str | bytes) -> None:
         raw, is_str = (key.encode("utf-8"), True) if isinstance(key, str) else (key, False)
@@ -326,7 +374,7 @@ class _Checker:
             for band_key, raw_id in (split(key, value) for key, value in batch):
                 if raw_id in self.bad_ids:
                     continue
-                record = self.txn.get(raw_id, db=self.store._docs_db) if len(raw_id) == 8 else None
+                record = self.vouching_record(raw_id)
                 if record is None:
                     self.add(
                         "band-orphan",
@@ -350,6 +398,16 @@ class _Checker:
                         f"whose bucket is {key.hex()}",
                         doc_id,
                     )
+
+    def vouching_record(self, raw_id: bytes) -> bytes | None:
+        """The record, stored or awaiting a purge, of the id a band entry names."""
+        if len(raw_id) != 8:
+            return None
+        record = self.txn.get(raw_id, db=self.store._docs_db)
+        removed = self.store._removed_db
+        if record is None and removed is not None:
+            record = self.txn.get(raw_id, db=removed)
+        return None if record is None else bytes(record)
 
 
 def _table_batches(
@@ -411,6 +469,8 @@ def _rederive(store: Store) -> Any:
             except lmdb.IncompatibleError:  # a plain key in the main DB, not a table
                 txn.delete(name)
         txn.drop(store._keys_db, delete=False)
+        if store._removed_db is not None:  # the bands are re-derived from docs alone
+            txn.drop(store._removed_db, delete=False)
         for db in store._band_dbs:
             txn.drop(db, delete=False)
         num_perm, seed = store.config.num_perm, store.config.seed

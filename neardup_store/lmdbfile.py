@@ -14,7 +14,11 @@ engine assumes:
   page, keys in order and inside the range their parent gives them, and the page and entry
   counts its table record claims;
 * every page up to the last one in use belongs to exactly one tree or to the free list,
-  so a damaged free list cannot later hand out a page that still holds data.
+  so a damaged free list cannot later hand out a page that still holds data. The last
+  page in use may lie past the end of the file, inside the map: LMDB counts the pages
+  a transaction allocated and freed again before its commit, and never writes them (a
+  transaction that deletes much of what it wrote, such as one ending with a purge,
+  leaves them). Those must be free; a tree page past the end is damage.
 
 It reads the on-disk format of LMDB 0.9 (data version 1) on 64-bit builds. Only the pages
 of one snapshot are read; while a read transaction holds that snapshot, writers of other
@@ -172,7 +176,7 @@ def _page_size_hint(data: bytes | memoryview | mmap.mmap) -> int:
 _PAGE_SIZES = frozenset(1 << n for n in range(9, 17))
 
 
-def check_meta_pages(metas: list[MetaPage | str], file_size: int) -> list[str]:
+def check_meta_pages(metas: list[MetaPage | str]) -> list[str]:
     """What is wrong with LMDB's meta pages (see the module docstring)."""
     problems = [m for m in metas if isinstance(m, str)]
     good = [m for m in metas if isinstance(m, MetaPage)]
@@ -184,8 +188,8 @@ def check_meta_pages(metas: list[MetaPage | str], file_size: int) -> list[str]:
             problems.append(f"{where}: data version {meta.version}, expected {DATA_VERSION}")
         if meta.page_size not in _PAGE_SIZES:
             problems.append(f"{where}: page size {meta.page_size} is not a power of two")
-        elif (meta.last_page + 1) * meta.page_size > file_size:
-            problems.append(f"{where}: last page {meta.last_page} lies beyond the file")
+        elif (meta.last_page + 1) * meta.page_size > meta.map_size:
+            problems.append(f"{where}: last page {meta.last_page} lies beyond the map")
         if meta.main.pad or meta.main.flags & (_UNSUPPORTED | DUPSORT | DUPFIXED):
             problems.append(f"{where}: the main table's record is damaged")
         if meta.txnid and meta.txnid % 2 != meta.page:
@@ -579,7 +583,7 @@ def _walk_bytes(
     data: bytes | mmap.mmap, txnid: int | None, tables: dict[bytes, int] | None, spans: bool
 ) -> FileReport:
     metas = read_meta_pages(data)
-    problems = check_meta_pages(metas, len(data))
+    problems = check_meta_pages(metas)
     good = [m for m in metas if isinstance(m, MetaPage) and m.magic == MAGIC]
     chosen = (
         max(good, key=lambda m: m.txnid, default=None)
@@ -594,7 +598,7 @@ def _walk_bytes(
         if txnid is not None and not problems:
             report.problems = [f"no meta page holds transaction {txnid}"]
         return report
-    if (chosen.last_page + 1) * chosen.page_size > len(data):
+    if (chosen.last_page + 1) * chosen.page_size > chosen.map_size:
         return FileReport(problems=problems, txnid=chosen.txnid)
     walker = _Walker(data, chosen, spans)
     report = walker.run(chosen, tables)

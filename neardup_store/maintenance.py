@@ -129,6 +129,8 @@ class StoreStats:
     """What :func:`stats` reports. Sizes are in bytes.
 
     Attributes:
+        awaiting_purge: removed documents whose band entries are still in the band
+            tables (and in ``bands``' counts) until a purge (:meth:`Store.purge`).
         params: :meth:`StoreParams.flat` of the store.
         format_version: the store's on-disk format. Stores made by an older release keep
             theirs (and its band table layout) until a :func:`rebuild`.
@@ -148,6 +150,7 @@ class StoreStats:
     """
 
     documents: int
+    awaiting_purge: int
     params: dict[str, Any]
     generation: int
     format_version: int
@@ -329,7 +332,9 @@ def _pages(stat: dict[str, int]) -> int:
 
 def _table_pages(store: Store, txn: lmdb.Transaction) -> int:
     """Pages holding table data: the main DB's and every table's of this store."""
-    tables = (store._meta_db, store._docs_db, store._keys_db, *store._band_dbs)
+    tables = [store._meta_db, store._docs_db, store._keys_db, *store._band_dbs]
+    if store._removed_db is not None:
+        tables.append(store._removed_db)
     main = store._require_env().open_db(None)
     return _pages(txn.stat(main)) + sum(_pages(txn.stat(db)) for db in tables)
 
@@ -381,6 +386,7 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
         last_pgno = int(info["last_pgno"])
         return StoreStats(
             documents=len(reader),
+            awaiting_purge=reader._awaiting_purge(),
             params=store.params.flat(),
             generation=int(store._read_meta(txn, "banding")["generation"]),
             format_version=int(store._read_meta(txn, "format_version")),
@@ -444,7 +450,14 @@ def _runs(
 
 
 def _sample_keys(reader: ReadTxn, band: int, band_key: bytes, count: int = 3) -> tuple[Key, ...]:
-    return tuple(reader._key_of(doc_id) for doc_id in reader._bucket(band, band_key)[:count])
+    """Keys of the first ``count`` stored documents of a bucket (it may also list removed
+    ones awaiting a purge, which have no key)."""
+    found: dict[bytes, bytes] = {}
+    for doc_id in reader._bucket(band, band_key):
+        found.update(reader._live_records([doc_id]))
+        if len(found) == count:
+            break
+    return tuple(reader._key_of(doc_id, found) for doc_id in found)
 
 
 # -- exclusive access ---------------------------------------------------------------------------
@@ -526,7 +539,8 @@ def compact(
 ) -> CompactReport:
     """Rewrite ``data.mdb`` without free pages, reclaiming the space removals leave.
 
-    LMDB never shrinks its file: pages freed by removals are only reused. This writes a
+    LMDB never shrinks its file: pages freed by removals are only reused. This purges
+    the band entries of removed documents (:meth:`Store.purge`), then writes a
     compacted copy (every table rewritten in key order, pages filled) into a temporary
     directory inside the store, syncs it, swaps it in with an atomic rename and reopens
     the environment in this store object. A crash at
@@ -555,6 +569,7 @@ def compact(
         return CompactReport(data.stat().st_size, pages * page_size, dry_run=True)
     with _exclusive(store, "compact"):
         before = data.stat().st_size
+        store.purge()
         scratch = Path(tempfile.mkdtemp(prefix=".compact-", dir=store.path))
 
         def swap() -> None:
@@ -745,6 +760,8 @@ def _rebanding(
             )
             txn.drop(db, delete=False)  # a leftover table of that name must not add entries
             new_dbs.append(db)
+        # Removed documents get no entries in the new tables: nothing is left to purge.
+        txn.drop(env.open_db(codec.REMOVED_DB, txn=txn), delete=False)
         count = 0
         for batch in _table_batches(txn, store._docs_db, BATCH):
             ids = [raw_id for raw_id, _ in batch]
@@ -772,11 +789,11 @@ def rebuild(
 ) -> RebuildReport:
     """Re-band the store from its stored signatures (no source texts needed).
 
-    Writes the band tables of a new generation, drops the old ones and records the new
-    banding, all in one write transaction: readers see the old banding or the new, never
-    a mix. Signature parameters (num_perm, scheme, seed, shingles) cannot change here,
-    since the signatures would have to be recomputed from the texts; export and re-add
-    the documents into a new store for that.
+    Writes the band tables of a new generation, drops the old ones, empties ``removed``
+    (nothing is left to purge) and records the new banding, all in one write transaction:
+    readers see the old banding or the new, never a mix. Signature parameters (num_perm,
+    scheme, seed, shingles) cannot change here, since the signatures would have to be
+    recomputed from the texts; export and re-add the documents into a new store for that.
 
     Args:
         threshold: the new threshold (default: keep the current one).
@@ -806,7 +823,7 @@ def rebuild(
     with _exclusive(store, "rebuild"):
         # The new tables reuse the old ones' slots; the environment's limit is the one it
         # was opened with, which an earlier rebuild to more bands may not have raised.
-        if banding.bands + 3 > store._max_dbs:
+        if banding.bands + 4 > store._max_dbs:
             _reopen(store, _max_dbs(banding.bands))
         operation = _rebanding(store, banding, threshold, generation, progress)
         try:

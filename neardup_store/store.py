@@ -93,6 +93,10 @@ TRANSACTION_SIGNATURE_BYTES = 64 << 20
 """The most signature bytes ``batch_size="auto"`` puts in one transaction. Records,
 band keys and LMDB's copied pages come on top: such a transaction at num_perm 256 into
 a 1M-document store raised the process's peak memory by 293 MiB."""
+PURGE_FRACTION = 0.1
+"""A write transaction that removes documents is followed by :meth:`Store.purge` once the
+removals awaiting one outnumber this fraction of the stored documents (and
+:data:`MIN_TRANSACTION`): their band entries cost space and candidate lookups until then."""
 DEFAULT_MAP_SIZE = 1 << 30
 """Initial map size (1 GiB of address space; the file only grows with its data)."""
 MIN_FREE_FRACTION = 0.25
@@ -164,6 +168,7 @@ class Store:
         self.params: StoreParams
         self.hasher: MinHasher
         self._band_dbs: list[Any] = []
+        self._removed_db: Any = None  # formats before codec.LAZY_REMOVAL_FORMAT have none
         self._band_cache: BandCache | None = None
         self._keeps_band_cache = False
         self._max_dbs = 0  # named-table slots of the open environment (rebuild may need more)
@@ -311,6 +316,7 @@ class Store:
             self._seal_meta(txn, meta_db)
             env.open_db(codec.DOCS_DB, txn=txn)
             env.open_db(codec.KEYS_DB, txn=txn)
+            env.open_db(codec.REMOVED_DB, txn=txn)
             for band in range(params.banding.bands):
                 env.open_db(codec.band_table_name(0, band), txn=txn, dupsort=True, dupfixed=True)
             _faults.checkpoint("before-create")
@@ -457,6 +463,8 @@ class Store:
         self._meta_db = env.open_db(codec.META_DB, create=False)
         self._docs_db = env.open_db(codec.DOCS_DB, create=False)
         self._keys_db = env.open_db(codec.KEYS_DB, create=False)
+        lazy = format_version >= codec.LAZY_REMOVAL_FORMAT
+        self._removed_db = env.open_db(codec.REMOVED_DB, create=False) if lazy else None
         self._band_dbs = [
             env.open_db(codec.band_table_name(generation, band), create=False, dupsort=True,
                         dupfixed=True)
@@ -601,7 +609,11 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[WriteTxn]:
-        """A write transaction: commits on a clean exit, rolls back if the block raises."""
+        """A write transaction: commits on a clean exit, rolls back if the block raises.
+
+        After a commit that removed documents, :meth:`purge` runs when the removals
+        awaiting one have passed :data:`PURGE_FRACTION` of the documents.
+        """
         self._check_writable()
         self._sweep_readers(force=True)
         self._ensure_headroom()
@@ -622,6 +634,8 @@ class Store:
                 if typed is err:
                     raise
                 raise typed from err
+        if writer._unlinked:
+            self._purge_if_due()
 
     def _translate(self, err: lmdb.Error) -> Exception:
         """The typed error for an engine error raised while writing (``err`` if none fits).
@@ -902,6 +916,40 @@ class Store:
             wanted, batch_size, lambda txn, batch: txn.remove_many(batch, missing_ok=missing_ok)
         )
 
+    def purge(
+        self, batch_size: BatchSize = AUTO, progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Delete the band entries of every removed document (:meth:`WriteTxn.purge`),
+        committing every ``batch_size`` documents (``None``: all in one transaction);
+        returns how many were purged.
+
+        Removing moves a document out of every index but the band tables, whose entries
+        it leaves for this to delete many at a time. It runs on its own after a removal
+        once they exceed :data:`PURGE_FRACTION` of the documents, and before a compaction.
+        ``progress`` is called with the number purged so far after each commit.
+        """
+        self._check_writable()
+        next_size = self._batch_sizes(batch_size)
+        total = 0
+        while True:
+            size = next_size()
+            with self.read() as reader:  # nothing to purge: no commit, the store unchanged
+                if not reader._awaiting_purge():
+                    return total
+            with self.write() as txn:
+                done = txn.purge(size)
+            total += done
+            if progress is not None and done:
+                progress(total)
+            if size is None or done < size:
+                return total
+
+    def _purge_if_due(self) -> None:
+        with self.read() as reader:
+            waiting, stored = reader._awaiting_purge(), len(reader)
+        if waiting > max(MIN_TRANSACTION, PURGE_FRACTION * stored):
+            self.purge()
+
     def add_if_unique(self, key: Key, document: object = None, **options: Any) -> UniqueResult:
         """See :meth:`WriteTxn.add_if_unique`."""
         with self.write() as txn:
@@ -1056,13 +1104,12 @@ def _lmdb_file_damage(path: Path, err: lmdb.Error) -> str | None:
     try:
         with open(path, "rb") as file:
             head = file.read(2 * 65536)
-            size = os.fstat(file.fileno()).st_size
     except OSError:
         return None
     metas = lmdbfile.read_meta_pages(head)
     if not any(isinstance(m, lmdbfile.MetaPage) and m.magic == lmdbfile.MAGIC for m in metas):
         return None
-    problems = lmdbfile.check_meta_pages(metas, size)
+    problems = lmdbfile.check_meta_pages(metas)
     if problems:
         return problems[0]
     return str(err) if isinstance(err, _DAMAGE) else None

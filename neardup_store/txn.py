@@ -330,8 +330,13 @@ class ReadTxn:
             return results, records
         # Every candidate's signature is read and checked once, however many queries of
         # the batch share it; all (query, candidate) pairs are then one comparison.
+        live = self._live_records(wanted, records)
+        if len(live) < len(wanted):  # removed documents whose band entries await a purge
+            wanted = [doc_id for doc_id, _ in live]
+            kept = set(wanted)
+            candidates = [ids & kept for ids in candidates]
         position = {doc_id: i for i, doc_id in enumerate(wanted)}
-        stored = self._signatures_of(wanted, records)
+        stored = codec.decode_signatures(live, self._store.config.num_perm)
         askers = np.repeat(np.arange(len(candidates)), [len(ids) for ids in candidates])
         rows = np.fromiter((position[i] for ids in candidates for i in ids), np.intp, len(askers))
         num_perm = stored.shape[1]
@@ -355,7 +360,7 @@ class ReadTxn:
         (each candidate's record is read and verified once, for its key and signature)."""
         cache = self._band_cache()
         if cache is None:
-            found = [(doc_id, self._record(doc_id)) for doc_id in self._candidates_of(sig)]
+            found = self._live_records(self._candidates_of(sig))
         else:
             ids, _ = cache.candidates(sig[None, :])
             found = self._cached_records(ids) if len(ids) else []
@@ -509,32 +514,50 @@ class ReadTxn:
                         found[query].update(ids)
         return found
 
-    def _signatures_of(
-        self, ids: Sequence[bytes], records: dict[bytes, bytes] | None = None
-    ) -> npt.NDArray[np.uint32]:
-        """The stored signatures of ``ids`` (each record's checksum verified), one per row.
+    def _live_records(
+        self, ids: Iterable[bytes], records: dict[bytes, bytes] | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        """``(id, record)`` of the band candidates ``ids`` that are stored documents.
 
-        ``records``, if given, holds records already read and receives those read here.
+        A candidate without a record is a removed document whose band entries await a
+        purge, and is skipped; one that is not in ``removed`` either is damage, and
+        raises. ``records``, if given, holds records already read and receives those
+        read here.
         """
-        if records is None:
-            records = {}
-        rows = []
+        txn, docs = self.txn, self._store._docs_db
+        found = []
         for doc_id in ids:
-            record = records.get(doc_id)
+            record = records.get(doc_id) if records is not None else None
             if record is None:
-                record = records[doc_id] = self._record(doc_id)
-            rows.append((doc_id, record))
-        return codec.decode_signatures(rows, self._store.config.num_perm)
+                record = txn.get(doc_id, db=docs)
+                if record is None:
+                    self._check_removed(doc_id)
+                    continue
+                if records is not None:
+                    records[doc_id] = record
+            found.append((doc_id, record))
+        return found
+
+    def _check_removed(self, doc_id: bytes) -> None:
+        """Raise unless ``doc_id`` is a removed document awaiting a purge."""
+        removed = self._store._removed_db
+        if removed is None or self.txn.get(doc_id, db=removed) is None:
+            raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
+
+    def _awaiting_purge(self) -> int:
+        """Removed documents whose band entries have not been purged yet."""
+        removed = self._store._removed_db
+        return 0 if removed is None else int(self.txn.stat(removed)["entries"])
 
     def _verify(
         self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float
     ) -> list[tuple[bytes, float]]:
-        ids = sorted(ids)
-        if not ids:
+        rows = self._live_records(sorted(ids))
+        if not rows:
             return []
-        stored = self._signatures_of(ids)
+        stored = codec.decode_signatures(rows, self._store.config.num_perm)
         scores = np.count_nonzero(stored == sig, axis=1) / stored.shape[1]
-        return [(i, float(s)) for i, s in zip(ids, scores, strict=True) if s >= threshold]
+        return [(i, float(s)) for (i, _), s in zip(rows, scores, strict=True) if s >= threshold]
 
     def _key_of(self, doc_id: bytes, records: dict[bytes, bytes] | None = None) -> Key:
         """The key of document ``doc_id``, from ``records`` if it holds its record."""
@@ -573,6 +596,7 @@ class WriteTxn(ReadTxn):
         self._next_id: int | None = None
         self._replaying = False
         self._wrote = False  # since the LMDB transaction began
+        self._unlinked = False  # whether it removed documents (a purge may be due after it)
 
     def _band_cache(self) -> CacheLookup | None:
         """The cache, until this transaction writes: before its first write it sees the
@@ -737,36 +761,62 @@ class WriteTxn(ReadTxn):
             _faults.checkpoint("after-bands")
         return len(docs)
 
-    def _delete(self, doc_id: bytes, index: bytes) -> None:
-        store, txn = self._store, self.txn
-        sig = codec.decode_signature(self._record(doc_id), codec.decode_id(doc_id))
-        (keys,) = self._band_key_rows(sig[None, :])
-        with self._writing():
-            for band, band_key in enumerate(keys):
-                txn.delete(*store._band_layout.entry(band_key, doc_id), db=store._band_dbs[band])
-            txn.delete(doc_id, db=store._docs_db)
-            txn.delete(index, db=store._keys_db)
-            _faults.checkpoint("after-remove")
-
-    def _delete_many(self, found: Sequence[tuple[bytes, bytes]]) -> None:
-        """:meth:`_delete` for many ``(id, key index)`` pairs: band keys in one batch, and
-        each table's entries removed in key order through one cursor, so that LMDB finds
-        most of them on the page it is already on instead of descending from the root."""
+    def _unlink(self, found: Sequence[tuple[bytes, bytes]]) -> None:
+        """Remove the documents ``(id, key index)``: each record leaves ``docs`` and its
+        index ``keys``. In a store with a ``removed`` table the records move there and
+        their band entries stay for a purge (:meth:`purge`), which deletes many at once
+        in key order; in an older format they are deleted here. Every table is written in
+        key order through one cursor, so that LMDB finds most entries on the page it is
+        already on instead of descending from the root."""
         if not found:
             return
         store = self._store
-        ids = [doc_id for doc_id, _ in found]
-        keys = band_keys(self._signatures_of(ids), store.banding, store.config.seed)
-        id_values = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
+        ids = sorted(doc_id for doc_id, _ in found)
+        with self.txn.cursor(db=store._docs_db) as cursor:
+            rows = [(bytes(doc_id), bytes(record)) for doc_id, record in cursor.getmulti(ids)]
+        if len(rows) < len(ids):
+            missing = min(set(ids).difference(doc_id for doc_id, _ in rows))
+            raise CorruptRecordError(codec.decode_id(missing), "indexed but missing")
+        doomed = self._band_entries_of(rows) if store._removed_db is None else []
+        self._unlinked = True
         with self._writing():
-            for band in range(store.banding.bands):
-                entries = store._band_layout.entries(keys[:, band], id_values)
-                self._delete_sorted(store._band_dbs[band], entries)
-            self._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in sorted(ids)))
-            self._delete_sorted(
-                store._keys_db, ((index, None) for index in sorted(i for _, i in found))
-            )
+            self._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in ids))
+            indexes = sorted(index for _, index in found)
+            self._delete_sorted(store._keys_db, ((index, None) for index in indexes))
+            if store._removed_db is not None:
+                with self.txn.cursor(db=store._removed_db) as cursor:
+                    cursor.putmulti(rows)
+            for db, entries in zip(store._band_dbs, doomed, strict=False):
+                self._delete_sorted(db, entries)
             _faults.checkpoint("after-remove")
+
+    def _band_entries_of(
+        self, rows: Sequence[tuple[bytes, bytes]]
+    ) -> list[Iterable[tuple[bytes, bytes]]]:
+        """Each band's entries of the documents ``(id, record)``, in table order (every
+        record verified before anything is deleted)."""
+        store = self._store
+        sigs = codec.decode_signatures(rows, store.config.num_perm)
+        keys = band_keys(sigs, store.banding, store.config.seed)
+        id_values = np.frombuffer(b"".join(i for i, _ in rows), dtype=">u8").astype(np.uint64)
+        layout = store._band_layout
+        return [layout.entries(keys[:, band], id_values) for band in range(keys.shape[1])]
+
+    def _purge(self, limit: int | None) -> int:
+        removed = self._store._removed_db
+        if removed is None:
+            return 0
+        with self.txn.cursor(db=removed) as cursor:
+            rows = [(bytes(k), bytes(v)) for k, v in itertools.islice(cursor, limit)]
+        if not rows:
+            return 0
+        doomed = self._band_entries_of(rows)
+        with self._writing():
+            for db, entries in zip(self._store._band_dbs, doomed, strict=True):
+                self._delete_sorted(db, entries)
+            self._delete_sorted(removed, ((doc_id, None) for doc_id, _ in rows))
+            _faults.checkpoint("after-purge")
+        return len(rows)
 
     def _delete_sorted(self, db: Any, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Delete ``(key, value)`` entries of ``db`` (value ``None``: the key's only entry)."""
@@ -780,7 +830,7 @@ class WriteTxn(ReadTxn):
         if existing is not None:
             if not replace:
                 raise DuplicateKeyError(doc.key)
-            self._delete(bytes(existing), doc.index)
+            self._unlink([(bytes(existing), doc.index)])
         self._insert(doc)
         return existing is not None
 
@@ -893,11 +943,14 @@ class WriteTxn(ReadTxn):
             if missing_ok:
                 return False
             raise KeyNotFoundError(key)
-        self._delete(*found)
+        self._unlink([found])
         return True
 
     def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
         """Remove a document. Returns False if it was absent and ``missing_ok``.
+
+        Queries stop finding it at once; its band entries stay until a purge
+        (:meth:`purge`, :meth:`Store.purge`), which deletes many at a time.
 
         Raises:
             KeyNotFoundError: the key is not stored and ``missing_ok`` is false.
@@ -927,8 +980,20 @@ class WriteTxn(ReadTxn):
                 found[bytes(hit[0])] = hit[1]
             elif not missing_ok:
                 raise KeyNotFoundError(key)
-        self._delete_many(sorted(found.items()))
+        self._unlink(list(found.items()))
         return len(found)
+
+    def purge(self, limit: int | None = None) -> int:
+        """Delete the band entries of removed documents, up to ``limit`` of them (lowest
+        id first), and their records in ``removed``; returns how many were purged.
+
+        Queries skip removed documents either way: a purge only gives back their space
+        (and the candidate lookups that find them). :meth:`Store.purge` purges all.
+        """
+        self._store._check_writable()
+        if limit is not None and not (type(limit) is int and limit > 0):
+            raise InvalidParameterError("limit", limit, "a positive number of documents, or None")
+        return int(self._run(self._purge, limit))
 
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
         if self.txn.get(doc.index, db=self._store._keys_db) is not None:

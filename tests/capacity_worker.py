@@ -78,6 +78,8 @@ class Batch:
 
     ``adds`` documents by signature and ``texts`` by text, keys ``{prefix}-s{i}`` and
     ``{prefix}-t{i}`` with ``meta_bytes`` of metadata each; ``removes`` are stored keys.
+    ``purge`` purges, last in the transaction, every removed document awaiting a purge
+    (this batch's removals too): it deletes their band entries.
     """
 
     prefix: str
@@ -86,6 +88,7 @@ class Batch:
     texts: int = 0
     meta_bytes: int = 0
     removes: tuple[str, ...] = ()
+    purge: bool = False
 
     def to_json(self) -> str:
         return json.dumps({**self.__dict__, "removes": list(self.removes)})
@@ -123,6 +126,8 @@ class Batch:
             txn.add_signatures(self.signature_items(txn._store.config.num_perm))
         if self.texts:
             txn.add_many(self.text_items())
+        if self.purge:
+            txn.purge()
 
     def apply(self, model: Model, hasher: MinHasher) -> None:
         """What committing the batch does to the reference model."""
@@ -152,15 +157,19 @@ def keys_digest(txn: Any) -> str:
 def check_snapshot(txn: Any, rng: np.random.Generator, sample: int = 40) -> dict[str, Any]:
     """Check that one read transaction is internally consistent; return what it saw.
 
-    Counts agree across tables, every record is indexed under its own key, and a sample of
-    documents has exactly its band entries and is found by a query with its signature.
+    Counts agree across tables (every band table holds an entry for each document and
+    each removed one awaiting a purge), every record is indexed under its own key, a
+    sample of documents has exactly its band entries and is found by a query with its
+    signature, and a sample of removed documents still has its band entries but no key
+    and is not found.
     """
     store = txn._store
     raw = txn.txn
     docs = int(raw.stat(store._docs_db)["entries"])
     keys = int(raw.stat(store._keys_db)["entries"])
+    removed = txn._awaiting_purge()
     bands = [int(raw.stat(db)["entries"]) for db in store._band_dbs]
-    assert keys == docs and all(n == docs for n in bands), (docs, keys, bands)
+    assert keys == docs and all(n == docs + removed for n in bands), (docs, removed, keys, bands)
     picks = set(rng.choice(docs, size=min(sample, docs), replace=False).tolist()) if docs else set()
     sampled, seen = [], 0
     with raw.cursor(db=store._docs_db) as cursor:
@@ -172,7 +181,17 @@ def check_snapshot(txn: Any, rng: np.random.Generator, sample: int = 40) -> dict
                 sampled.append((bytes(doc_id), bytes(record)))
             seen += 1
     assert seen == docs, (seen, docs)
-    for doc_id, record in sampled:
+    gone, seen = [], 0
+    if removed:
+        picks = set(rng.choice(removed, size=min(sample // 4, removed), replace=False).tolist())
+        with raw.cursor(db=store._removed_db) as cursor:
+            for doc_id, record in cursor:
+                assert raw.get(doc_id, db=store._docs_db) is None, codec.decode_id(doc_id)
+                if seen in picks:
+                    gone.append((bytes(doc_id), bytes(record)))
+                seen += 1
+    assert seen == removed, (seen, removed)
+    for doc_id, record, live in [(*d, True) for d in sampled] + [(*d, False) for d in gone]:
         sig = codec.decode_signature(record, codec.decode_id(doc_id))
         row = codec.encode_band_keys(band_keys(sig[None, :], store.banding, store.config.seed)[0])
         for band, band_key in enumerate(row):
@@ -181,9 +200,14 @@ def check_snapshot(txn: Any, rng: np.random.Generator, sample: int = 40) -> dict
         key_raw, is_str = codec.record_key(record, codec.decode_id(doc_id))
         key = key_raw.decode() if is_str else key_raw
         found = {m.key: m.score for m in txn.query(signature=sig)}
-        assert found.get(key) == 1.0, (key, found)
+        if live:
+            assert found.get(key) == 1.0, (key, found)
+        else:  # removed: no key entry names it, and queries skip it
+            named = raw.get(codec.key_index(key_raw, is_str), db=store._keys_db)
+            assert named != doc_id, key_raw
+            assert named is not None or key not in found, (key, found)
     counter = int(codec.unpack_meta(raw.get(b"commit_counter", db=store._meta_db)))
-    return {"commit": counter, "docs": docs, "keys_digest": keys_digest(txn)}
+    return {"commit": counter, "docs": docs, "removed": removed, "keys_digest": keys_digest(txn)}
 
 
 def read_acks(path: Path) -> dict[int, dict[str, Any]]:
@@ -230,7 +254,9 @@ def reader(path: str, ack_path: Path, stop: Path, ready: Path) -> None:
                         report["held_across_growth"] += 1
             ack = acks.get(seen["commit"])  # the snapshot is exactly one commit's state
             assert ack is not None, seen
-            assert (ack["docs"], ack["keys_digest"]) == (seen["docs"], seen["keys_digest"])
+            assert [ack[k] for k in ("docs", "removed", "keys_digest")] == [
+                seen[k] for k in ("docs", "removed", "keys_digest")
+            ], (ack, seen)
             report["snapshots"] += 1
             if finished:
                 break
@@ -251,6 +277,7 @@ def write_ack(store: Store, ack_path: Path) -> dict[str, Any]:
         ack = {
             "commit": counter,
             "docs": len(txn),
+            "removed": txn._awaiting_purge(),
             "keys_digest": keys_digest(txn),
             "map_size": int(store._env.info()["map_size"]),
         }

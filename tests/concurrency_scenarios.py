@@ -7,8 +7,10 @@ run. The worker functions run in the child processes.
 
 The churn writer follows a fixed schedule, so any commit counter names one exact state:
 commit ``c`` adds the documents ``d{(c-1)·batch}`` … ``d{c·batch-1}`` and removes those
-that commit ``c - window`` added. Documents ``d{2k}`` and ``d{2k+1}`` are near-duplicates
-(one character apart), and ``batch`` is even, so pairs come and go together.
+that commit ``c - window`` added; every ``PURGE_EVERY``-th commit also purges, in the same
+transaction, the band entries the removals since the last purge left. Documents ``d{2k}``
+and ``d{2k+1}`` are near-duplicates (one character apart), and ``batch`` is even, so pairs
+come and go together.
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ from neardup_store import codec
 from neardup_store.errors import StoreBusyError
 from neardup_store.minhash import MinHasher
 from neardup_store.store import LOCK_FILE, Store
+from neardup_store.txn import WriteTxn
 
 PARAMS: dict[str, Any] = {"threshold": 0.7, "num_perm": 64, "bands": 16, "rows": 4}
 """Small signatures and 16 bands keep a full table check of a few hundred documents fast."""
 BATCH = 10
+PURGE_EVERY = 4
+"""The churn commits whose number is a multiple of this purge (so snapshots see both
+removed documents awaiting a purge and purges deleting their band entries)."""
 WINDOW = 20
 JOIN_S = 120.0
 """Bound on waiting for a process that was asked to stop: generous for a loaded machine."""
@@ -122,6 +128,8 @@ def churn_commit(store: Store, commit: int, batch: int = BATCH, window: int = WI
         txn.add_many([(key, text_of(key)) for key in batch_keys(commit, batch)])
         if commit > window:
             txn.remove_many(batch_keys(commit - window, batch))
+            if commit % PURGE_EVERY == 0:
+                txn.purge()
 
 
 # -- worker processes -----------------------------------------------------------------------------
@@ -426,7 +434,10 @@ def run_compaction_hammer(
     window: int = WINDOW,
 ) -> dict[str, Any]:
     """A writer process commits (reopening the store now and then) while this process
-    compacts the store as often as it can; every acknowledged commit must survive."""
+    compacts the store as often as it can; every acknowledged commit must survive.
+
+    Compaction purges first, so the commits of this process are those purges: counted,
+    with those that purged nothing, so that the commit counter can be accounted for."""
     create_store(path)
     stop, acks = SPAWN.Event(), SPAWN.Queue()
     opens, blocked = SPAWN.Value("q", 0), SPAWN.Value("q", 0)
@@ -436,6 +447,7 @@ def run_compaction_hammer(
     began = time.monotonic()
     with reaped([writer]):
         with Store.open(path) as store:
+            purges = _count_purge_commits(store)
             while True:
                 acked += drain(acks)
                 done = (
@@ -472,9 +484,30 @@ def run_compaction_hammer(
         "writer_opens": opens.value,
         "opens_during_compaction": blocked.value,
         "commit_counter": commit_counter(path),
+        "purge_commits": purges["commits"],
+        "empty_purge_commits": purges["empty"],
         "lost_commits": lost,
         "differences": differences,
     }
+
+
+def _count_purge_commits(store: Store) -> dict[str, int]:
+    """Count the write transactions ``store`` commits from now on (in the compacting
+    process, the purges compaction runs first) and how many of them purged nothing."""
+    counts = {"commits": 0, "empty": 0}
+    write = store.write
+
+    @contextmanager
+    def counted() -> Iterator[WriteTxn]:
+        with write() as txn:
+            before = txn._awaiting_purge()
+            yield txn
+            purged = before - txn._awaiting_purge()
+        counts["commits"] += 1
+        counts["empty"] += purged == 0
+
+    store.write = counted  # type: ignore[method-assign]
+    return counts
 
 
 def model_keys(path: Path) -> list[str | bytes]:

@@ -50,10 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import logical_digest  # noqa: E402
 
 CHECK_TIMEOUT_S = 120.0
-REGIONS = ("docs", "keys", "bands", "meta", "lmdb-meta", "lmdb-structure", "free-space")
+REGIONS = (
+    "docs", "keys", "removed", "bands", "meta", "lmdb-meta", "lmdb-structure", "free-space",
+)  # fmt: skip
 """Where a flipped byte can land, by what it means (see :func:`region_of`)."""
-TARGETS = ("random", "docs", "keys", "bands", "meta", "lmdb-meta", "branch", "page-header",
-           "tables")  # fmt: skip
+TARGETS = ("random", "docs", "keys", "removed", "bands", "meta", "lmdb-meta", "branch",
+           "page-header", "tables")  # fmt: skip
 """Trial kinds: ``random`` offsets anywhere in the file, or inside one kind of span."""
 
 _WORDS = [
@@ -123,7 +125,8 @@ def _items(seed: int, documents: int) -> list[tuple[Any, str, Any]]:
 
 def build_store(path: Path, seed: int, documents: int = 300) -> None:
     """A store with texts, metadata (some large), str/bytes/long keys, removals (so free
-    pages), and adds after the removals (so reused pages)."""
+    pages, and records in ``removed`` whose band entries await a purge), and adds after
+    the removals (so reused pages)."""
     rng = random.Random(seed + 1)
     items = _items(seed, documents)
     with Store.open(path, create=True) as store:
@@ -212,7 +215,7 @@ def _span_region(span: lmdbfile.Span, offset: int) -> str:
         return "lmdb-structure"
     if span.tree == "meta":
         return "meta"
-    if span.tree in ("docs", "keys"):
+    if span.tree in ("docs", "keys", "removed"):
         return span.tree
     return "bands"
 
@@ -229,7 +232,7 @@ def _target_spans(reference: Reference, target: str) -> list[lmdbfile.Span]:
         return [s for s in spans if s.tree == lmdbfile.MAIN and s.part in ("key", "value")]
     if target == "meta":
         return [s for s in spans if s.tree == "meta" and s.part == "value"]
-    tree = {"docs": ("docs",), "keys": ("keys",)}.get(target)
+    tree = {"docs": ("docs",), "keys": ("keys",), "removed": ("removed",)}.get(target)
     return [
         s
         for s in spans

@@ -10,7 +10,8 @@ committed state":
 * it opens;
 * it holds the last acknowledged batch, and at most one more (an acknowledgement the
   kill cut off); for a fault point it is exactly the batch that point implies;
-* its documents, signatures, metadata and band entries equal :func:`expected_model`'s;
+* its documents, signatures, metadata and band entries equal :func:`expected_model`'s,
+  and as many removed documents await a purge as the model counts;
 * no band entry points at a missing document, and ``check()`` finds nothing.
 
 Kills accumulate on the same store, as they would on a real one.
@@ -39,7 +40,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = TESTS_DIR.parent
 WRITER = TESTS_DIR / "crash_writer.py"
 
-IN_TRANSACTION = ("after-put", "after-bands", "after-remove", "before-commit")
+IN_TRANSACTION = ("after-put", "after-bands", "after-remove", "after-purge", "before-commit")
 """Fault points inside a write transaction: the batch in progress must vanish."""
 FAULT_POINTS = (*IN_TRANSACTION, "after-commit", "after-grow", "before-create")
 OPENING_FAULTS = ("before-create:1", "after-grow:1", "after-grow:2")
@@ -195,6 +196,8 @@ class CrashLoop:
                 found = committed_s(store)
                 report = store.check()
                 documents = len(store)
+                with store.read() as reader:
+                    awaiting = reader._awaiting_purge()
         except NeardupError as err:
             problems.append(f"store does not open: {type(err).__name__}: {err}")
             return None
@@ -209,6 +212,11 @@ class CrashLoop:
         differences = self.models.advance(found).differences(self.path)
         if differences:
             problems.append(f"differs from the model at batch {found}: {differences[:5]}")
+        if awaiting != self.models.awaiting:
+            problems.append(
+                f"{awaiting} removed documents await a purge at batch {found}, "
+                f"the model counts {self.models.awaiting}"
+            )
         orphans = orphan_band_entries(self.path)
         if orphans:
             problems.append(f"{len(orphans)} orphan band entries, e.g. {orphans[0]}")
@@ -241,7 +249,10 @@ class CrashLoop:
     def random_fault(self) -> str:
         """A fault point inside or right after a transaction, at a random occurrence."""
         point = str(self.rng.choice([*IN_TRANSACTION, "after-commit"]))
-        most = {"after-put": 60, "after-bands": 60, "after-remove": 40}.get(point, 6)
+        # after-purge: a purging batch every crash_writer.PURGE_EVERY (13 in a round).
+        most = {"after-put": 60, "after-bands": 60, "after-remove": 40, "after-purge": 10}.get(
+            point, 6
+        )
         return f"{point}:{int(self.rng.integers(1, most + 1))}"
 
     def run(

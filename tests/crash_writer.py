@@ -13,7 +13,13 @@ Batch ``s`` is a pure function of (SEED, s), see :func:`batch`:
 * adds precomputed signatures under ``bytes`` keys, some near-copies of each other;
 * replaces one recent document (``replace=True``: a delete and an insert);
 * replaces the marker document :data:`MARKER` whose metadata is ``{"s": s}``: the store
-  itself says which batch it committed last.
+  itself says which batch it committed last;
+* every :data:`PURGE_EVERY`-th batch, purges removed documents (``WriteTxn.purge``, in the
+  same transaction): at most :data:`PURGE_LIMIT` of them, every other time all of them.
+
+Removals (and replaces) leave the band entries of the documents they remove until a purge,
+so the model counts the documents awaiting one (:attr:`ModelBuilder.awaiting`); the crash
+store stays far below the size at which ``Store.write`` purges on its own.
 
 The first writer creates the store with a tiny map (:data:`CREATE_MAP_SIZE`) so that map
 growth, and the replay of a transaction that ran out of room, happen while it is killed.
@@ -52,6 +58,10 @@ MARKER = "__seq__"
 WINDOW = 20
 """A batch removes the rest of the batch this many sequence numbers before it."""
 ACK_EARLY = "CRASH_WRITER_ACK_EARLY"
+PURGE_EVERY = 3
+"""Batches ``s`` with ``s % PURGE_EVERY == PURGE_EVERY - 1`` purge (see :func:`batch`)."""
+PURGE_LIMIT = 5
+"""The most documents a limited purge deletes the band entries of."""
 _BASES = 12
 _WORDS = 400
 
@@ -66,6 +76,8 @@ class Batch:
     signatures: list[tuple[Key, npt.NDArray[np.uint32], Any]]
     replace: tuple[Key, npt.NDArray[np.uint32], Any] | None
     marker: npt.NDArray[np.uint32]
+    purge: bool = False
+    purge_limit: int | None = None  # with purge: None purges every removed document
 
     def added_keys(self) -> list[Key]:
         return [key for key, _, _ in self.texts] + [key for key, _, _ in self.signatures]
@@ -161,7 +173,9 @@ def batch(seed: int, s: int) -> Batch:
     if target:
         replace = (target[0], rng.integers(0, 2**32, size=num_perm, dtype=np.uint32), {"r": s})
     marker = _rng(seed, 6, s).integers(0, 2**32, size=num_perm, dtype=np.uint32)
-    return Batch(s, removes, texts, signatures, replace, marker)
+    purge = s % PURGE_EVERY == PURGE_EVERY - 1
+    limit = None if s % (2 * PURGE_EVERY) == 2 * PURGE_EVERY - 1 else PURGE_LIMIT
+    return Batch(s, removes, texts, signatures, replace, marker, purge, limit)
 
 
 def _added_keys(seed: int, s: int) -> list[Key]:
@@ -186,12 +200,16 @@ def write_batch(store: Store, b: Batch) -> None:
             key, signature, metadata = b.replace
             txn.add(key, signature=signature, metadata=metadata, replace=True)
         txn.add(MARKER, signature=b.marker, metadata={"s": b.s}, replace=True)
+        if b.purge:
+            txn.purge(b.purge_limit)
 
 
-def apply_batch(model: Model, hasher: MinHasher, b: Batch) -> None:
-    """What :func:`write_batch` does to the store, done to the model."""
+def apply_batch(model: Model, hasher: MinHasher, b: Batch) -> int:
+    """What :func:`write_batch` does to the store's documents, done to the model; returns
+    how many documents it removed or replaced (whose band entries then await a purge)."""
+    unlinked = 0
     for key in b.removes:
-        model.documents.pop(key, None)
+        unlinked += model.documents.pop(key, None) is not None
     if b.texts:
         sigs = hasher.signatures([text for _, text, _ in b.texts])
         for (key, _, metadata), sig in zip(b.texts, sigs, strict=True):
@@ -199,12 +217,16 @@ def apply_batch(model: Model, hasher: MinHasher, b: Batch) -> None:
     for key, sig, metadata in b.signatures:
         model.add(key, sig, metadata)
     if b.replace is not None:
+        unlinked += b.replace[0] in model.documents
         model.add(*b.replace)
+    unlinked += MARKER in model.documents
     model.add(MARKER, b.marker, {"s": b.s})
+    return unlinked
 
 
 class ModelBuilder:
-    """The model after batch ``s``, advanced incrementally (a crash loop needs many)."""
+    """The model after batch ``s``, advanced incrementally (a crash loop needs many), and
+    :attr:`awaiting`: how many removed documents then await a purge."""
 
     def __init__(self, seed: int) -> None:
         params = store_params()
@@ -212,6 +234,7 @@ class ModelBuilder:
         self.hasher = MinHasher(params.config)
         self.model = Model(params.banding, params.config.seed)
         self.s = -1
+        self.awaiting = 0
 
     def advance(self, upto_s: int) -> Model:
         """The model after batch ``upto_s`` (restarting from empty if that is behind)."""
@@ -219,7 +242,11 @@ class ModelBuilder:
             self.__init__(self.seed)  # type: ignore[misc]
         while self.s < upto_s:
             self.s += 1
-            apply_batch(self.model, self.hasher, batch(self.seed, self.s))
+            b = batch(self.seed, self.s)
+            self.awaiting += apply_batch(self.model, self.hasher, b)
+            if b.purge:  # the lowest ids first: which ones does not show in the model
+                limit = self.awaiting if b.purge_limit is None else b.purge_limit
+                self.awaiting -= min(limit, self.awaiting)
         return self.model
 
 

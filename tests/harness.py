@@ -4,8 +4,10 @@
   strictest "nothing changed" there is (commit counter and map size included).
 * :func:`logical_dump` is what a store *means*: parameters, documents by key, and each
   band's entries by key. It ignores internal ids, the commit counter, the band generation
-  and the file layout, so a compacted or rebuilt store must dump equal to the original.
-* :func:`orphan_band_entries` lists band entries that point at no document record.
+  and the file layout, so a compacted or rebuilt store must dump equal to the original;
+  band entries of removed documents awaiting a purge mean nothing, and are left out.
+* :func:`orphan_band_entries` lists band entries that point at no document record
+  (neither a stored one nor one in ``removed``, awaiting a purge).
 * :class:`Model` is an in-memory reference: the documents a store should hold and the
   band entries and query answers that follow from them, computed without the store.
 * :func:`consistency_problems` checks, inside one read transaction of an open store, that
@@ -82,6 +84,11 @@ def format_version_of(tables: dict[bytes, list[tuple[bytes, bytes]]]) -> int:
     return int(codec.unpack_meta(meta[b"format_version"]))
 
 
+def removed_ids(tables: dict[bytes, list[tuple[bytes, bytes]]]) -> set[bytes]:
+    """The ids in the ``removed`` table of a :func:`raw_dump` (documents awaiting a purge)."""
+    return {doc_id for doc_id, _ in tables.get(codec.REMOVED_DB, [])}
+
+
 def raw_dump(path: str | Path) -> dict[bytes, list[tuple[bytes, bytes]]]:
     """Every (key, value) of every named table, in LMDB order (duplicates included)."""
     env = lmdb.open(str(path), readonly=True, max_dbs=1024, lock=True)
@@ -117,6 +124,7 @@ def logical_dump(path: str | Path) -> dict[str, Any]:
         keys_by_id[raw_id] = key
         documents[key] = (record.signature.tobytes(), record.metadata)
     bands: dict[int, list[tuple[bytes, Key]]] = {}
+    removed = removed_ids(tables)
     for index in range(int(banding["bands"])):
         entries = tables.get(codec.band_table_name(generation, index), [])
         version = meta["format_version"]
@@ -124,6 +132,7 @@ def logical_dump(path: str | Path) -> dict[str, Any]:
             (
                 (band_key, keys_by_id.get(doc_id, doc_id))
                 for band_key, doc_id in (band_entry_of(k, v, version) for k, v in entries)
+                if doc_id not in removed
             ),
             key=_sort_key,
         )
@@ -143,13 +152,14 @@ def logical_digest(path: str | Path) -> str:
 
 
 def orphan_band_entries(path: str | Path) -> list[tuple[bytes, bytes, bytes]]:
-    """(table, band key, document id) of every band entry whose document record is missing.
+    """(table, band key, document id) of every band entry whose document record is missing
+    (from ``docs``, and from ``removed``, where it would await a purge).
 
     Every band table counts, of any generation, so a table a rebuild failed to drop shows
     up too when it still points at removed documents.
     """
     tables = raw_dump(path)
-    ids = {doc_id for doc_id, _ in tables[codec.DOCS_DB]}
+    ids = {doc_id for doc_id, _ in tables[codec.DOCS_DB]} | removed_ids(tables)
     version = format_version_of(tables)
     return [
         (name, band_key, doc_id)
@@ -281,10 +291,11 @@ def _plain(value: Any) -> Any:
 def consistency_problems(reader: ReadTxn) -> list[str]:
     """How the tables of one read snapshot disagree (empty when they agree).
 
-    Checks, all inside ``reader``: as many key entries and entries in every band table as
-    documents; every key entry names a document whose record holds that key; every band
-    entry names an existing document and equals the band key derived from that document's
-    stored signature; every document has exactly its band entries.
+    Checks, all inside ``reader``: as many key entries as documents, and entries in every
+    band table as documents and removed ones awaiting a purge; every key entry names a
+    document whose record holds that key; every band entry names a document, stored or
+    removed, and equals the band key derived from its signature; every document has
+    exactly its band entries.
     """
     return _table_agreement(reader._store, lambda: nullcontext(reader))
 
@@ -313,12 +324,18 @@ def _table_agreement(
                 raw, is_str = codec.key_bytes(record.key)
                 indexes[bytes(raw_id)] = codec.key_index(raw, is_str)
                 signatures.append(record.signature)
+        removed = []
+        if store._removed_db is not None:
+            with reader.txn.cursor(db=store._removed_db) as cursor:
+                for raw_id, data in cursor:
+                    removed.append(bytes(raw_id))
+                    signatures.append(codec.decode_signature(bytes(data)))
     ids = list(indexes)
     expected: list[set[tuple[bytes, bytes]]] = [set() for _ in range(store.banding.bands)]
     version = store._format_version
-    if ids:
+    if signatures:
         rows = band_keys(np.stack(signatures), store.banding, store.config.seed)
-        for doc_id, row in zip(ids, rows, strict=True):
+        for doc_id, row in zip(ids + removed, rows, strict=True):
             for band, band_key in enumerate(codec.encode_band_keys(row)):
                 expected[band].add((kept_band_key(band_key, version), doc_id))
     with view() as reader, reader.txn.cursor(db=store._keys_db) as cursor:
@@ -331,8 +348,11 @@ def _table_agreement(
     for band, wanted in enumerate(expected):
         with view() as reader, reader.txn.cursor(db=store._band_dbs[band]) as cursor:
             entries = [band_entry_of(bytes(k), bytes(v), version) for k, v in cursor]
-        if len(entries) != len(ids):
-            problems.append(f"band {band}: {len(entries)} entries for {len(ids)} documents")
+        if len(entries) != len(ids) + len(removed):
+            problems.append(
+                f"band {band}: {len(entries)} entries for {len(ids)} documents "
+                f"and {len(removed)} awaiting a purge"
+            )
         found = set(entries)
         stray, missing = len(found - wanted), len(wanted - found)
         if stray or missing:

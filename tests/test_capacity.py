@@ -92,7 +92,7 @@ class RedoOrigins:
     """Where each map-full redo came from: the innermost frame of the ``MapFullError``.
 
     ``_close_txn`` means LMDB's ``commit()`` itself ran out of room; ``_write_counters`` a
-    put of the commit counters; ``_insert``/``_delete`` a document write. The real redo
+    put of the commit counters; ``_insert``/``_unlink`` a document write. The real redo
     runs unchanged.
     """
 
@@ -135,19 +135,24 @@ def test_ingest_past_50_mib_from_the_smallest_map_while_readers_hold_snapshots(
                 assert time.monotonic() < deadline, "the readers did not start"
                 time.sleep(0.02)
             rng = np.random.default_rng(5)
-            number = 0
+            number = awaited = purges = 0
             while (store_path / "data.mdb").stat().st_size <= 50 * MiB:
                 removes: tuple[str, ...] = ()
                 if number % 4 == 3:  # remove some earlier documents too
                     keys = list(model.documents)
                     picked = rng.choice(len(keys), size=100, replace=False)
                     removes = tuple(keys[int(i)] for i in picked)
+                # Now and then a purge deletes band entries under the readers' snapshots.
                 batch = Batch(
                     f"b{number}", number, adds=1000, texts=10 if number % 3 == 0 else 0,
-                    meta_bytes=1024, removes=removes,
+                    meta_bytes=1024, removes=removes, purge=number % 8 == 5,
                 )  # fmt: skip
                 commit(store, batch, model, hasher)
-                write_ack(store, acks)
+                ack = write_ack(store, acks)
+                awaited = max(awaited, ack["removed"])
+                if batch.purge:
+                    assert ack["removed"] == 0, ack
+                    purges += 1
                 number += 1
             final_map = map_size(store)
         finally:
@@ -155,6 +160,7 @@ def test_ingest_past_50_mib_from_the_smallest_map_while_readers_hold_snapshots(
             reports = [_report(r) for r in readers]
     grown_to = {json.loads(line)["map_size"] for line in acks.read_text().splitlines()}
     assert final_map >= 64 * MiB and redos.seen, (final_map, redos.seen)
+    assert awaited >= 200 and purges >= 2, (awaited, purges)
     docs = len(model.documents)
     for report in reports:
         assert report["snapshots"] >= 2 and report["held_across_growth"] >= 1, report
@@ -349,6 +355,31 @@ def test_file_size_limit_while_the_map_grows_is_typed_too(store_path: Path) -> N
     assert trial.messages[1]["outcome"] == "committed"
     assert model.differences(store_path) == []
     assert recorded_map_size(store_path) > before
+
+
+def test_a_purge_at_the_file_size_limit_is_typed_and_the_same_purge_commits_later(
+    filled_store: tuple[Path, Model, MinHasher],
+) -> None:
+    # Removals leave their band entries for a purge, which deletes them by copying the
+    # band tables' pages: at the file-size limit that is a typed error like any write,
+    # the removed documents stay removed and awaiting, and the same purge commits later.
+    path, model, hasher = filled_store
+    with Store.open(path) as store:
+        commit(store, Batch("gone", 0, adds=0, removes=removals(model, 600)), model, hasher)
+        assert store.stats().awaiting_purge == 600
+    trial = disk_full_trial(path, model, hasher, Batch("purge", 0, adds=0, purge=True), 0)
+    assert trial.kind == "typed", trial
+    first, retry = trial.messages
+    assert first["error"] == "StoreFullError" and "File too large" in first["message"], first
+    assert first["reads"] == "ok" and retry["outcome"] == "committed", trial
+    assert model.differences(path) == []
+    with Store.open(path) as store:
+        assert store.stats().awaiting_purge == 0 and len(store) == len(model.documents)
+        with store.read() as txn:
+            assert all(
+                txn.txn.stat(db)["entries"] == len(model.documents) for db in store._band_dbs
+            )
+        assert store.check().ok
 
 
 def test_an_io_error_without_a_full_disk_is_typed_as_an_io_error(store_path: Path) -> None:

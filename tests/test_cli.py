@@ -321,6 +321,30 @@ def test_remove_keys_from_arguments_and_stdin(runner: CliRunner, store_path: Pat
     assert commit_counter(store_path) == counter + 2  # one commit per key
 
 
+def test_purge_deletes_what_removals_left_and_stats_count_it(
+    runner: CliRunner, store_path: Path
+) -> None:
+    removed = _run(runner, "remove", store_path, "storm-a", "recipe-a")
+    assert removed.exit_code == 0, removed.output
+    stats = _jsonl(_run(runner, "stats", store_path, "--json").output)
+    assert (stats[0]["documents"], stats[0]["awaiting_purge"]) == (3, 2)
+    assert all(band["entries"] == 5 for band in stats[1:] if "band" in band)
+    assert _run(runner, "check", store_path).exit_code == 0
+    bad = _run(runner, "purge", store_path, "--batch-size", "0")
+    assert bad.exit_code == 2 and "'0' is neither a positive integer nor 'auto'" in bad.output
+    counter = commit_counter(store_path)
+    one = _run(runner, "purge", store_path, "--batch-size", "1", "--json")
+    assert one.exit_code == 0 and _jsonl(one.output) == [{"purged": 2}]
+    assert commit_counter(store_path) == counter + 2  # one a document, none once nothing waits
+    stats = _jsonl(_run(runner, "stats", store_path, "--json").output)
+    assert stats[0]["awaiting_purge"] == 0
+    assert all(band["entries"] == 3 for band in stats[1:] if "band" in band)
+    again = _run(runner, "purge", store_path)
+    assert again.output == "Purged the band entries of 0 removed documents.\n"
+    assert commit_counter(store_path) == counter + 2
+    assert _run(runner, "check", store_path).exit_code == 0
+
+
 def test_pairs_and_clusters_formats(runner: CliRunner, store_path: Path) -> None:
     pairs = _run(runner, "pairs", store_path)
     assert pairs.exit_code == 0, pairs.output

@@ -92,7 +92,8 @@ def leftovers(path: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def thinned_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A closed store: 2,920 documents added (bulk by signature, corpus by text, some
-    with metadata), then 90% of them removed in bounded batches."""
+    with metadata), then 90% of them removed in bounded batches (too few for an automatic
+    purge: their band entries stay, awaiting one)."""
     path = tmp_path_factory.mktemp("template") / "store"
     with Store.open(path, create=True, num_perm=NUM_PERM, seed=SEED, durable=False) as store:
         store.add_signatures(
@@ -105,6 +106,7 @@ def thinned_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for start in range(0, len(doomed), 300):
             store.remove_many(doomed[start : start + 300])
         assert len(store) == len(keys) - len(doomed)
+        assert store.stats().awaiting_purge == len(doomed)
     return path
 
 
@@ -118,19 +120,28 @@ def store_path(thinned_template: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def before(store_path: Path) -> dict[str, Any]:
-    """Logical dump, probe answers and file size of the thinned store."""
+    """Logical dump, probe answers, file size, free pages and removed documents awaiting
+    a purge of the thinned store."""
     dump = logical_dump(store_path)
     with Store.open(store_path) as store:
         answers = probe_answers(store)
-        free = store.stats().free_pages
+        stats = store.stats()
     assert sum(map(len, answers)) > 40  # the probes do find matches
-    return {"dump": dump, "answers": answers, "bytes": data_bytes(store_path), "free": free}
+    return {
+        "dump": dump,
+        "answers": answers,
+        "bytes": data_bytes(store_path),
+        "free": stats.free_pages,
+        "awaiting": stats.awaiting_purge,
+        "band_entries": [band.entries for band in stats.bands],
+    }
 
 
 def test_the_thinned_store_matches_a_model_of_what_was_kept(
     store_path: Path, before: dict[str, Any]
 ) -> None:
-    """The starting point is right: every kept document and band entry, nothing else."""
+    """The starting point is right: every kept document and band entry, nothing else
+    but the band entries of the removed documents, awaiting a purge."""
     with Store.open(store_path) as store:
         model = Model(store.banding, SEED)
         kept = set(store)
@@ -144,6 +155,8 @@ def test_the_thinned_store_matches_a_model_of_what_was_kept(
     assert len(model.documents) == len(kept) == 292
     assert model.differences(store_path) == []
     assert before["free"] > 0
+    assert before["awaiting"] == 2920 - 292
+    assert before["band_entries"] == [292 + 2628] * len(before["band_entries"])
 
 
 def test_compact_keeps_answers_and_dump_and_shrinks_the_file(
@@ -151,10 +164,15 @@ def test_compact_keeps_answers_and_dump_and_shrinks_the_file(
 ) -> None:
     with Store.open(store_path) as store:
         estimate = store.compact(dry_run=True)
+        assert store.stats().awaiting_purge == before["awaiting"]  # a dry run purges nothing
         report = store.compact()
         assert probe_answers(store) == before["answers"]
         assert store.check().ok
-        assert store.stats().free_pages < before["free"]
+        stats = store.stats()
+        assert stats.free_pages < before["free"]
+        # It purged first: only the kept documents' band entries were copied.
+        assert stats.awaiting_purge == 0
+        assert [band.entries for band in stats.bands] == [292] * len(stats.bands)
     assert report.bytes_before == before["bytes"]
     assert report.bytes_after == data_bytes(store_path) <= estimate.bytes_after
     assert report.bytes_after < 0.25 * report.bytes_before  # 90% of the documents went
@@ -177,6 +195,10 @@ def test_rebuild_with_the_same_parameters_keeps_answers_and_dump(
         assert store.threshold == threshold and report.documents == 292
         assert probe_answers(store) == before["answers"]
         assert store.check().ok
+        # The new band tables hold the kept documents only: nothing is left to purge.
+        stats = store.stats()
+        assert stats.awaiting_purge == 0
+        assert [band.entries for band in stats.bands] == [292] * len(stats.bands)
     rebuilt_bytes = data_bytes(store_path)
     assert rebuilt_bytes >= before["bytes"]
     assert logical_dump(store_path) == before["dump"]
@@ -251,6 +273,7 @@ def test_refused_while_another_process_has_the_store_then_done_after_it_closes(
         assert caught.value.operation == operation
         assert "other processes have the store open" in str(caught.value)
         assert raw_generation(store) == generation and leftovers(store_path) == []
+        assert store.stats().awaiting_purge == before["awaiting"]  # not even purged
         # Nothing changed and both processes go on working: the child still writes.
         assert holder("add from-child-2 and one more after the refusal") == "added"
         assert "from-child-2" in store and len(store) == 294
@@ -264,6 +287,7 @@ def test_refused_while_another_process_has_the_store_then_done_after_it_closes(
             assert store.rebuild().generation == generation + 1
         assert probe_answers(store) == answers
         assert store.check().ok and "from-child" in store and len(store) == 294
+        assert store.stats().awaiting_purge == 0
     expected = logical_dump(store_path)
     for key in ("from-child", "from-child-2"):
         del expected["documents"][key]
@@ -356,6 +380,8 @@ def test_compaction_killed_at_a_chosen_point_leaves_the_store_intact(
     # A read-only open works and leaves the directory (it may not write here).
     with Store.open(store_path, read_only=True) as reader:
         assert probe_answers(reader) == before["answers"]
+        with reader.read() as txn:  # the purge before the copy had committed
+            assert txn._awaiting_purge() == 0
     assert leftovers(store_path) == scratch
     assert_intact(store_path, before)
 

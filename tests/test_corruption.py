@@ -67,6 +67,13 @@ def test_reference_file_walks_clean_with_every_page_accounted_for(reference: Ref
     assert set(report.owners) == set(range(2, report.last_page + 1))
     assert lmdbfile.FREE in report.owners.values()  # the removals left free pages
     assert report.entries[codec.DOCS_DB] == report.entries[codec.KEYS_DB] > 0
+    # The removals await a purge: their records are in ``removed``, their band entries stay.
+    removed = report.entries[codec.REMOVED_DB]
+    assert removed > 0
+    bands = [n for n in report.entries if n.startswith(b"band.")]
+    assert bands and all(
+        report.entries[n] == report.entries[codec.DOCS_DB] + removed for n in bands
+    )
     overflow = [s for s in report.spans if s.tree == "docs" and s.end - s.start > 4096]
     assert overflow  # some records fill LMDB overflow pages
 
@@ -79,7 +86,7 @@ def test_random_flips_are_detected_or_harmless(
     outcomes = [run_trial(reference, workdir, target, rng) for _ in range(TRIALS_PER_TARGET)]
     for trial in outcomes:
         _assert_caught(trial)
-    if target in ("docs", "keys", "bands"):  # every byte of these has meaning
+    if target in ("docs", "keys", "removed", "bands"):  # every byte of these has meaning
         assert all(t.outcome == "detected" for t in outcomes), outcomes
 
 
@@ -94,6 +101,23 @@ def test_older_meta_page_made_newest_is_detected(reference: Reference, workdir: 
     bit = newest.bit_length()  # keeps the parity, so only consecutiveness can tell
     offset = older.page * 4096 + lmdbfile.PAGE_HEADER + 128 + bit // 8
     trial = run_flips(reference, workdir, "lmdb-meta", [(offset, 1 << bit % 8)])
+    assert trial.outcome == "detected" and "structure" in trial.detail, trial
+
+
+def test_a_last_page_beyond_the_map_is_detected(reference: Reference, workdir: Path) -> None:
+    """The last page in use may lie past the end of the file (pages a transaction freed
+    before its commit are never written; ``tests/test_crash.py`` purges in the writer's
+    transactions, which leaves such stores), but never past the map."""
+    newest = max(_meta_pages(reference), key=lambda m: m.txnid)
+    assert (newest.last_page + 1) * newest.page_size <= newest.map_size
+    offset = newest.page * 4096 + lmdbfile.PAGE_HEADER + 120 + 4  # bit 32 of the last page
+    data = bytearray((reference.path / "data.mdb").read_bytes())
+    data[offset] ^= 0x01
+    problems = lmdbfile.check_meta_pages(lmdbfile.read_meta_pages(bytes(data)))
+    assert problems == [
+        f"meta page {newest.page}: last page {newest.last_page + 2**32} lies beyond the map"
+    ]
+    trial = run_flips(reference, workdir, "lmdb-meta", [(offset, 0x01)])
     assert trial.outcome == "detected" and "structure" in trial.detail, trial
 
 
@@ -201,6 +225,26 @@ def test_repair_restores_a_damaged_band_entry(reference: Reference, workdir: Pat
     result = run_check(copy, repair=True)
     assert result is not None and result.returncode == 0, result.stdout
     assert logical_digest(copy) == reference.logical
+
+
+def test_repair_drops_a_damaged_removed_record_with_its_band_entries(
+    reference: Reference, workdir: Path
+) -> None:
+    """A record awaiting a purge cannot vouch for its band entries once damaged (a flip
+    in place, under its checksum): repair re-derives the bands from the stored documents
+    and empties ``removed``, which changes nothing a reader sees."""
+    copy = workdir / "copy"
+    shutil.copytree(reference.path, copy)
+    value = next(s for s in reference.spans if s.tree == "removed" and s.part == "value")
+    flip(copy, [(value.start + 20, 0x01)])
+    result = run_check(copy)
+    assert classify_check(result) == ("detected", "check: removed-record"), result
+    result = run_check(copy, repair=True)
+    assert result is not None and result.returncode == 0, result.stdout
+    assert logical_digest(copy) == reference.logical
+    with Store.open(copy, read_only=True) as store, store.read() as txn:
+        assert txn._awaiting_purge() == 0
+        assert all(txn.txn.stat(db)["entries"] == len(txn) for db in store._band_dbs)
 
 
 def test_store_without_meta_checksum_still_opens(reference: Reference, workdir: Path) -> None:

@@ -4,8 +4,9 @@ A real writer process (``tests/crash_writer.py``) commits deterministic batches 
 replaces and removes and acknowledges each one after its commit returns. It is killed with
 SIGKILL at random moments and, through the test-only hook :mod:`neardup_store._faults`, at
 chosen points inside a write transaction (after a document's record, after its band
-entries, after a removal, just before and just after the commit, right after the map grew
-while a batch is redone, and while the store is being created). After every kill the loop
+entries, after a removal, after a purge of removed documents' band entries, just before
+and just after the commit, right after the map grew while a batch is redone, and while the
+store is being created). After every kill the loop
 of ``tests/crash_loop_core.py`` reopens the store and compares it with a reference model;
 kills accumulate on one store. The long setting is ``python tools/crash_loop.py``.
 
@@ -28,6 +29,7 @@ from crash_loop_core import FAULT_POINTS, OPENING_FAULTS, PROJECT_ROOT, CrashLoo
 from crash_writer import (
     ACK_EARLY,
     CREATE_MAP_SIZE,
+    PURGE_EVERY,
     STORE_OPTIONS,
     ModelBuilder,
     batch,
@@ -50,6 +52,7 @@ CI_SCHEDULE: list[str | None] = [
     None,
     "after-remove:5",
     None,
+    "after-purge:2",
     None,
     "before-commit:2",
     None,
@@ -145,6 +148,49 @@ def test_expected_model_is_a_pure_function_of_seed_and_batch() -> None:
     )
     assert incremental.band_entries() == fresh.band_entries()
     assert expected_model(4, 35).documents.keys() != fresh.documents.keys()
+    # So is the count of removed documents awaiting a purge, when advancing restarts too.
+    again = ModelBuilder(3)
+    again.advance(20)
+    again.advance(34)
+    builder.advance(34)  # behind its batch 35: from empty again
+    assert builder.s == again.s == 34 and builder.awaiting == again.awaiting > 0
+
+
+def test_the_writer_purges_and_the_model_counts_what_awaits_a_purge(tmp_path: Path) -> None:
+    # Removed documents keep their band entries until a purge; the writer purges in every
+    # PURGE_EVERY-th batch, some of them (a limited purge) or all, and the model follows.
+    builder = ModelBuilder(7)
+    options = {"create": True, "map_size": CREATE_MAP_SIZE, **STORE_OPTIONS}
+    counts = []
+    with Store.open(tmp_path / "store", **options) as store:
+        for s in range(12 * PURGE_EVERY):  # the first 20 batches remove few documents
+            write_batch(store, batch(7, s))
+            builder.advance(s)
+            with store.read() as reader:
+                counts.append(reader._awaiting_purge())
+            assert counts[-1] == builder.awaiting, s
+            report = store.check()  # what the crash loop checks after a kill
+            assert report.ok, (s, report.violations)
+    assert builder.model.differences(tmp_path / "store") == []
+    purging = [s for s in range(len(counts)) if batch(7, s).purge]
+    assert purging == list(range(PURGE_EVERY - 1, len(counts), PURGE_EVERY))
+    full = [s for s in purging if batch(7, s).purge_limit is None]
+    assert full and all(counts[s] == 0 for s in full)
+    assert any(counts[s] > 0 for s in purging if s not in full)  # a limited purge left some
+
+
+def test_the_verification_notices_a_purge_the_model_did_not_make(tmp_path: Path) -> None:
+    # Negative control for the count of removed documents awaiting a purge: a purge changes
+    # no document and no band entry a reader sees, so only that count can tell.
+    loop = CrashLoop(tmp_path / "store", seed=7, rng_seed=1)
+    loop.run_schedule(["after-commit:2"])  # batches 0..1: no purge yet, some awaiting one
+    assert loop.summary.problems == [] and loop.models.awaiting > 0
+    with Store.open(tmp_path / "store") as store:
+        assert store.purge() == loop.models.awaiting
+
+    problems: list[str] = []
+    loop._verify(loop.committed, problems)
+    assert len(problems) == 1 and "await a purge" in problems[0], problems
 
 
 def _create_in_child(path: Path, fault: str) -> int:

@@ -67,8 +67,9 @@ def reseal(body: bytes) -> bytes:
 
 
 def test_format_constants() -> None:
-    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 4
-    assert codec.READABLE_FORMATS == (1, 2, 3, 4)
+    assert codec.FORMAT_NAME == "neardup_store" and codec.FORMAT_VERSION == 5
+    assert codec.READABLE_FORMATS == (1, 2, 3, 4, 5)
+    assert codec.REMOVED_DB == b"removed" and codec.LAZY_REMOVAL_FORMAT == 5
     assert codec.RECORD_VERSION == 1
     assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 1
     assert (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB) == (b"meta", b"docs", b"keys")
@@ -298,6 +299,7 @@ def test_a_bucket_holds_exactly_the_documents_with_that_band_key(tmp_path: Path)
     with Store.open(tmp_path / "s", create=True, num_perm=8, bands=2, rows=4) as store:
         store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
         store.remove_many(f"d{i}" for i in range(0, 3000, 13))  # removals in the middle of runs
+        store.purge()  # a bucket lists the entries of removed documents until then
         kept = [i for i in range(3000) if i % 13]
         keys = band_keys(sigs[kept], store.banding, store.config.seed)
         width = len(kept_band_key(bytes(8)))
@@ -482,7 +484,7 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     try:
         with env.begin() as txn:
             names = sorted(bytes(k) for k, _ in txn.cursor())
-        assert names == [b"band.0.0000", b"band.0.0001", b"docs", b"keys", b"meta"]
+        assert names == [b"band.0.0000", b"band.0.0001", b"docs", b"keys", b"meta", b"removed"]
         docs, keys, meta = (env.open_db(n, create=False) for n in (b"docs", b"keys", b"meta"))
         bands = [env.open_db(codec.band_table_name(0, i), create=False) for i in range(2)]
         with env.begin() as txn:
@@ -495,8 +497,8 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
                 (b"sdoc-1", bytes.fromhex("0000000000000000")),
             ]
             for band, table in enumerate(bands):
-                # Format 4: the band key's first byte is the table key; the value is its
-                # next four bytes, then the id's last five.
+                # Formats 4 and 5: the band key's first byte is the table key; the value
+                # is its next four bytes, then the id's last five.
                 first, second = (int(k).to_bytes(8, "big") for k in expected_bands[:, band])
                 assert sorted(txn.cursor(db=table)) == sorted(
                     [
@@ -513,7 +515,7 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     assert isinstance(map_size, int) and map_size > 0
     assert values == {
         "format": "neardup_store",
-        "format_version": 4,
+        "format_version": 5,
         "package_version": __version__,
         "lmdb": {"binding": lmdb.__version__, "engine": list(lmdb.version())},
         "config": config.to_dict(),
@@ -545,13 +547,51 @@ def test_store_tables_hold_the_specified_bytes(tmp_path: Path) -> None:
     }
 
 
-# -- stores of formats 1, 2 and 3 ----------------------------------------------------------------
+def test_a_removal_moves_the_record_to_removed_and_a_purge_deletes_its_band_entries(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    with Store.open(path, create=True, num_perm=4, bands=2, rows=2, seed=1) as store:
+        store.add("doc-1", signature=SIGNATURE_1, metadata=METADATA_1)
+        store.add(b"\x00\xffk", signature=SIGNATURE_2)
+        banding = store.banding
+    expected_bands = band_keys(np.stack([SIGNATURE_1, SIGNATURE_2]), banding, seed=1)
+    entries = [
+        [
+            band_table_entry(int(key).to_bytes(8, "big"), doc_id.to_bytes(8, "big"))
+            for doc_id, key in enumerate(expected_bands[:, band])
+        ]
+        for band in range(2)
+    ]
+    band_names = [codec.band_table_name(0, band) for band in range(2)]
+    tables = raw_dump(path)
+    assert tables[codec.REMOVED_DB] == []
+    assert [sorted(tables[name]) for name in band_names] == [sorted(e) for e in entries]
+
+    with Store.open(path) as store:
+        store.remove("doc-1")
+    tables = raw_dump(path)
+    # The record moves, byte for byte; the key goes; the band entries stay.
+    assert tables[codec.REMOVED_DB] == [(bytes(8), RECORD_1)]
+    assert tables[codec.DOCS_DB] == [(bytes.fromhex("0000000000000001"), RECORD_2)]
+    assert tables[codec.KEYS_DB] == [(b"b\x00\xffk", bytes.fromhex("0000000000000001"))]
+    assert [sorted(tables[name]) for name in band_names] == [sorted(e) for e in entries]
+
+    with Store.open(path) as store:
+        assert store.purge() == 1
+    tables = raw_dump(path)
+    assert tables[codec.REMOVED_DB] == []
+    assert [tables[name] for name in band_names] == [[e[1]] for e in entries]
+
+
+# -- stores of formats 1 to 4 --------------------------------------------------------------------
 
 
 def rewrite_as_old_format(path: Path, version: int) -> None:
-    """Turn a closed store into what format ``version`` wrote: band tables in that
-    format's layout (:func:`harness.band_table_entry`); format 1 also has fold band keys
-    and no ``keys`` entry in its banding."""
+    """Turn a closed store into what format ``version`` wrote: no ``removed`` table, band
+    tables in that format's layout (:func:`harness.band_table_entry`) holding the stored
+    documents only; format 1 also has fold band keys and no ``keys`` entry in its
+    banding."""
     env = lmdb.open(str(path), max_dbs=64)
     try:
         meta_db = env.open_db(codec.META_DB, create=False)
@@ -572,6 +612,7 @@ def rewrite_as_old_format(path: Path, version: int) -> None:
                 txn.drop(table, delete=False)
                 for raw_id, key in zip(ids, codec.encode_band_keys(keys[:, band]), strict=True):
                     txn.put(*band_table_entry(key, raw_id, version), db=table)
+            txn.drop(env.open_db(codec.REMOVED_DB, txn=txn, create=False), delete=True)
             if version == 1:
                 del banding["keys"]
             txn.put(b"banding", codec.pack_meta(banding), db=meta_db)
@@ -599,7 +640,7 @@ def twin_stores(
     return current, old, expected
 
 
-def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_4(tmp_path: Path) -> None:
+def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_5(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     sigs = rng.integers(0, 2**32, size=(300, 128), dtype=np.uint32)
     near = sigs[:40].copy()
@@ -624,12 +665,12 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_4(tmp_path:
     with Store.open(old) as store:  # what the rebuild wrote is what reopening reads
         assert store.banding.keys == "multilinear"
         with store.read() as txn:
-            assert store._read_meta(txn.txn, "format_version") == 4
+            assert store._read_meta(txn.txn, "format_version") == 5
             assert store._read_meta(txn.txn, "banding")["keys"] == "multilinear"
 
 
-@pytest.mark.parametrize(("version", "value_bytes"), [(2, 8), (3, 15)])
-def test_an_older_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_4(
+@pytest.mark.parametrize(("version", "value_bytes"), [(2, 8), (3, 15), (4, 9)])
+def test_an_older_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_5(
     tmp_path: Path, version: int, value_bytes: int
 ) -> None:
     rng = np.random.default_rng(12)
@@ -649,13 +690,15 @@ def test_an_older_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_4(
             assert txn.query_many(signatures=queries) == expected
         assert [b.entries for b in store.stats().bands] == [b.entries for b in current_stats.bands]
         assert store.stats().bands[0].histogram == current_stats.bands[0].histogram
-        assert (store.stats().format_version, current_stats.format_version) == (version, 4)
+        assert (store.stats().format_version, current_stats.format_version) == (version, 5)
         store.add_signatures([("late", near[0]), ("later", near[1])])
         store.remove("d7")
         assert store.check().ok
         assert [m.key for m in store.query(signature=near[0])][:2] == ["late", "d0"]
-    # What this release wrote into the older store is in that format's layout.
+    # What this release wrote into the older store is in that format's layout, and its
+    # removal deleted the band entries at once: an older format has no removed table.
     tables = raw_dump(old)
+    assert codec.REMOVED_DB not in tables
     entries = [v for name, t in tables.items() if name.startswith(b"band.") for _, v in t]
     assert {len(value) for value in entries} == {value_bytes}
     assert len(entries) == 9 * 301
@@ -664,13 +707,17 @@ def test_an_older_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_4(
         store.rebuild(bands=9, rows=13)
         assert store.check().ok
         with store.read() as txn:
-            assert store._read_meta(txn.txn, "format_version") == 4
+            assert store._read_meta(txn.txn, "format_version") == 5
             assert [txn.query(signature=q) for q in queries[40:]] == expected[40:]
-        assert store.stats().format_version == 4
+        assert store.stats().format_version == 5
+        store.remove("d8")  # now a removal of the current format: the entries wait
+        assert store.stats().awaiting_purge == 1 and store.check().ok
+        store.purge()
     tables = raw_dump(old)
+    assert tables[codec.REMOVED_DB] == []
     entries = [(k, v) for name, t in tables.items() if name.startswith(b"band.1.") for k, v in t]
     assert {(len(k), len(v)) for k, v in entries} == {(1, 9)}
-    assert len(entries) == 9 * 301
+    assert len(entries) == 9 * 300
 
 
 def set_next_doc_id(path: Path, next_id: int) -> None:

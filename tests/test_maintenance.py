@@ -159,12 +159,33 @@ def test_stats_show_boilerplate_as_the_largest_bucket(store: Store) -> None:
     assert len(top[0].sample_keys) == 3 and all(k.startswith("blank-") for k in top[0].sample_keys)
 
 
+def _expected_bands(
+    sigs: np.ndarray, store: Store
+) -> tuple[list[tuple[int, int, tuple[int, ...]]], list[tuple[int, int]]]:
+    """(buckets, entries, histogram) of each band and the (size, band) of every bucket of
+    two or more, largest first, from a plain count of the band keys of ``sigs``."""
+    keys = band_keys(sigs, store.banding, store.config.seed)
+    bands, top = [], []
+    for band in range(keys.shape[1]):
+        counts: dict[bytes, int] = {}
+        for key in codec.encode_band_keys(keys[:, band]):
+            counts[kept_band_key(key)] = counts.get(kept_band_key(key), 0) + 1
+        histogram = [0] * ((max(counts.values()) - 1).bit_length() + 1)
+        for size in counts.values():
+            histogram[(size - 1).bit_length()] += 1
+        bands.append((len(counts), len(sigs), tuple(histogram)))
+        top += [(size, band) for size in counts.values() if size > 1]
+    top.sort(key=lambda item: (-item[0], item[1]))
+    return bands, top
+
+
 @pytest.mark.parametrize("chunk", [maintenance._SIZES_CHUNK, 7])
 def test_stats_count_every_bucket_as_a_count_of_the_band_keys_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     """Bucket counts, histograms and the largest buckets against a plain count of each
-    document's band keys (as the store keeps them), read in one chunk or in many."""
+    document's band keys (as the store keeps them: those of removed documents too until
+    a purge), read in one chunk or in many."""
     monkeypatch.setattr(maintenance, "_SIZES_CHUNK", chunk)
     rng = np.random.default_rng(8)
     sigs = rng.integers(0, 2**32, size=(2000, 8), dtype=np.uint32)
@@ -173,29 +194,29 @@ def test_stats_count_every_bucket_as_a_count_of_the_band_keys_does(
         sigs[start : start + size, :4] = size
         start += size
     sigs[100:133, 4:] = 1  # and one of 33 in band 1
+    removed = {*range(0, 2000, 11), 40, 41}  # the first two of the largest bucket too
+    kept = [i for i in range(2000) if i not in removed]
     with Store.open(tmp_path / "s", create=True, num_perm=8, bands=2, rows=4) as store:
         store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
-        store.remove_many(f"d{i}" for i in range(0, 2000, 11))
-        kept = [i for i in range(2000) if i % 11]
+        store.remove_many(f"d{i}" for i in sorted(removed))
+        pending = store.stats(largest=4)
+        assert store.purge() == 2000 - len(kept)
         stats = store.stats(largest=4)
-        keys = band_keys(sigs[kept], store.banding, store.config.seed)
-    expected_top = []
-    for band, found in enumerate(stats.bands):
-        counts: dict[bytes, int] = {}
-        for key in codec.encode_band_keys(keys[:, band]):
-            counts[kept_band_key(key)] = counts.get(kept_band_key(key), 0) + 1
-        histogram = [0] * ((max(counts.values()) - 1).bit_length() + 1)
-        for size in counts.values():
-            histogram[(size - 1).bit_length()] += 1
-        assert (found.buckets, found.entries) == (len(counts), len(kept))
-        assert found.histogram == tuple(histogram)
-        expected_top += [(size, band) for size in counts.values() if size > 1]
-    expected_top.sort(key=lambda item: (-item[0], item[1]))
+        everyone, everyone_top = _expected_bands(sigs, store)
+        expected, expected_top = _expected_bands(sigs[kept], store)
+    # Before the purge the removed documents' entries are still counted.
+    assert (pending.documents, pending.awaiting_purge) == (len(kept), 2000 - len(kept))
+    assert [(b.buckets, b.entries, b.histogram) for b in pending.bands] == everyone
+    assert [(b.size, b.band) for b in pending.largest_buckets] == everyone_top[:4]
+    assert pending.largest_buckets[0].size == 40  # all planted, the removed ones too
+    planted = {f"d{i}" for i in range(40, 80) if i in kept}
+    for found in (pending, stats):  # sample keys are of stored documents only
+        assert len(found.largest_buckets[0].sample_keys) == 3
+        assert set(found.largest_buckets[0].sample_keys) <= planted
+    assert (stats.documents, stats.awaiting_purge) == (len(kept), 0)
+    assert [(b.buckets, b.entries, b.histogram) for b in stats.bands] == expected
     assert [(b.size, b.band) for b in stats.largest_buckets] == expected_top[:4]
-    assert stats.largest_buckets[0].size == sum(1 for i in range(40, 80) if i % 11)  # 40 planted
-    planted = {f"d{i}" for i in range(40, 80)}
-    assert len(stats.largest_buckets[0].sample_keys) == 3
-    assert set(stats.largest_buckets[0].sample_keys) <= planted
+    assert stats.largest_buckets[0].size == len(planted)  # of the 40 planted
 
 
 # -- check and repair -----------------------------------------------------------------------
@@ -298,6 +319,26 @@ def _short_signature(path: Path) -> None:
     _put(path, codec.DOCS_DB, _doc_id(path, "doc-0011"), record)
 
 
+def _stored_and_removed(path: Path) -> None:
+    """A stored document's record also in ``removed``, as if its removal were pending."""
+    doc_id = _doc_id(path, "doc-0013")
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        record = bytes(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
+        txn.put(doc_id, record, db=dbs[codec.REMOVED_DB])
+
+
+def _flipped_byte_of_a_removed_record(path: Path) -> None:
+    """A removed document awaiting a purge whose record no longer matches its checksum:
+    it can no longer vouch for the band entries it left."""
+    doc_id = _doc_id(path, "doc-0014")
+    with Store.open(path) as store:
+        store.remove("doc-0014")
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        record = bytearray(txn.get(doc_id, db=dbs[codec.REMOVED_DB]))
+        record[20] ^= 0x40
+        txn.put(doc_id, bytes(record), db=dbs[codec.REMOVED_DB])
+
+
 def _missing_meta_entry(path: Path) -> None:
     _delete(path, codec.META_DB, b"package_version")
 
@@ -324,6 +365,8 @@ CORRUPTIONS = [
     (_id_beyond_the_format, {"doc-id"}, False),
     (_flipped_byte, {"corrupt-record"}, False),
     (_short_signature, {"signature-length"}, False),
+    (_stored_and_removed, {"removed-record"}, True),
+    (_flipped_byte_of_a_removed_record, {"removed-record"}, True),
     (_missing_meta_entry, {"meta"}, False),
     (_damaged_page, {"structure"}, False),
 ]
@@ -334,7 +377,13 @@ def test_check_is_clean_on_a_healthy_store(store: Store, corpus: DemoCorpus) -> 
     assert report.ok and report.violations == [] and not report.repaired
     assert report.documents_checked == len(corpus.documents) + 1
     store.remove_many(["doc-0001", "doc-0002"])
-    assert store.check().ok
+    with store.read() as reader:
+        assert reader._awaiting_purge() == 2  # their band entries are still there: fine
+    report = store.check()
+    assert report.ok and report.documents_checked == len(corpus.documents) - 1
+    assert store.purge() == 2
+    report = store.check()
+    assert report.ok and report.documents_checked == len(corpus.documents) - 1
 
 
 def test_check_is_clean_on_a_store_whose_band_buckets_are_huge(store_path: Path) -> None:
@@ -384,6 +433,8 @@ def test_check_finds_real_corruption_and_repair_fixes_what_it_can(
         assert repaired.repaired == (kinds != {"structure"}) and repaired.kinds() == kinds
         if repairable:
             assert repaired.ok and repaired.remaining == [] and damaged.check().ok
+            with damaged.read() as reader:
+                assert reader._awaiting_purge() == 0  # re-derived from the stored documents
             text = corpus.documents["doc-0005"]
             assert damaged.query(text)[0].key == "doc-0005"
             damaged.add("after-repair", text + " And one more sentence.")
@@ -441,7 +492,9 @@ def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCor
     store.remove_many([key for key in corpus.documents if key not in keep])
     before_answers = _answers(store, corpus)
     before_contents = _contents(store)
-    free_before = store.stats().free_pages
+    stats_before = store.stats()
+    free_before = stats_before.free_pages
+    assert stats_before.awaiting_purge == len(corpus.documents) - len(keep)
     estimate = store.compact(dry_run=True)
 
     seen: list[int] = []
@@ -454,7 +507,10 @@ def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCor
     assert report.bytes_after < 0.7 * report.bytes_before
     assert report.bytes_after == (store.path / "data.mdb").stat().st_size
     assert report.reclaimed_bytes == report.bytes_before - report.bytes_after
-    assert store.stats().free_pages < free_before
+    stats_after = store.stats()
+    assert stats_after.free_pages < free_before
+    assert stats_after.awaiting_purge == 0  # compaction purges first
+    assert all(band.entries == len(store) for band in stats_after.bands)
     assert _answers(store, corpus) == before_answers
     assert _contents(store) == before_contents
     assert store.check().ok
@@ -489,7 +545,9 @@ def test_compact_and_backup_copy_a_band_bucket_of_many_documents(tmp_path: Path)
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert child.returncode == 0, child.stderr
-    assert raw_dump(path) == before == raw_dump(backup)
+    assert raw_dump(backup) == before
+    # Compaction purges first; with nothing to purge it commits nothing.
+    assert raw_dump(path) == before
     for copy in (path, backup):
         with Store.open(copy) as store:
             assert store.check().ok

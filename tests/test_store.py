@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 import pytest
+from test_band_cache import cached_and_direct
 
 from neardup_store import codec
 from neardup_store import store as store_module
@@ -75,6 +77,11 @@ def random_texts(count: int, seed: int = 0, length: int = 200) -> list[str]:
 def commit_counter(store: Store) -> int:
     with store.read() as txn:
         return int(store._read_meta(txn.txn, "commit_counter"))
+
+
+def awaiting_purge(store: Store) -> int:
+    with store.read() as txn:
+        return txn._awaiting_purge()
 
 
 def raw_meta(path: Path) -> dict[str, Any]:
@@ -630,6 +637,9 @@ def test_remove_many_in_batches(store: Store, monkeypatch: pytest.MonkeyPatch) -
     """Batches commit on their own; a missing key still raises before any of them, a key
     listed twice goes once even across batches, and the matches follow."""
     monkeypatch.setattr(store_module, "MIN_TRANSACTION", 4)
+    # No purge on its own (the removals would exceed a tenth of the documents): only the
+    # removals' commits are counted here (test_a_large_removal_purges_on_its_own).
+    monkeypatch.setattr(store_module, "PURGE_FRACTION", 10.0)
     texts = random_texts(30)
     store.add_many([(f"k{i}", t) for i, t in enumerate(texts)], batch_size=None)
     counter = commit_counter(store)
@@ -644,6 +654,10 @@ def test_remove_many_in_batches(store: Store, monkeypatch: pytest.MonkeyPatch) -
     assert store.remove_many([f"k{i}" for i in range(1, 20, 2)], batch_size="auto") == 10
     assert commit_counter(store) == counter + 6
     assert list(store) == [f"k{i}" for i in range(20, 30)]
+    assert awaiting_purge(store) == 20  # their band entries are still there
+    assert store.query(texts[4], threshold=0.1) == []
+    assert [m.key for m in store.query(texts[25])] == ["k25"]
+    assert store.purge() == 20 and awaiting_purge(store) == 0 and store.check().ok
     assert store.query(texts[4], threshold=0.1) == []
     assert [m.key for m in store.query(texts[25])] == ["k25"]
     with pytest.raises(InvalidParameterError, match="auto"):
@@ -863,6 +877,255 @@ def test_removed_document_no_longer_matches(
     assert [m.key for m in corpus_store.query(near_dup_corpus["storm-a"])] == ["storm-b"]
     corpus_store.remove("storm-b")
     assert corpus_store.query(near_dup_corpus["storm-a"], threshold=0.1) == []
+
+
+# -- lazy removal: band entries wait for a purge ---------------------------------------------
+
+
+class _RollBackError(Exception):
+    """Raised inside a write block to roll it back."""
+
+
+def near_twins(rng: np.random.Generator, count: int) -> tuple[npt.NDArray[np.uint32], ...]:
+    """``count`` random signatures of :data:`PARAMS` and a copy of each with 12 of its 128
+    values changed (0.91 alike: candidates of each other for certain, in 32 bands of 4)."""
+    num_perm = PARAMS["num_perm"]
+    bases = rng.integers(0, 2**32, size=(count, num_perm), dtype=np.uint32)
+    copies = bases.copy()
+    for row in copies:
+        row[rng.choice(num_perm, size=12, replace=False)] ^= 1
+    return bases, copies
+
+
+def expected_answers(
+    live: dict[str, npt.NDArray[np.uint32]], queries: npt.NDArray[np.uint32], threshold: float
+) -> list[list[tuple[str, float]]]:
+    """Every stored document scoring ``threshold`` or more against each query, best first
+    and then in insertion order, from the signatures alone (no store)."""
+    keys, stored = list(live), np.stack(list(live.values()))
+    answers = []
+    for query in queries:
+        scores = np.count_nonzero(stored == query, axis=1) / stored.shape[1]
+        found = sorted(np.flatnonzero(scores >= threshold).tolist(), key=lambda i: -scores[i])
+        answers.append([(keys[i], float(scores[i])) for i in found])
+    return answers
+
+
+def signature_answers(
+    store: Store, queries: npt.NDArray[np.uint32]
+) -> list[list[list[tuple[Any, float]]]]:
+    """One query per signature, and all of them as one batch."""
+    with store.read() as txn:
+        single = [txn.query(signature=q) for q in queries]
+        batch = txn.query_many(signatures=queries)
+    return [[[(m.key, m.score) for m in found] for found in asked] for asked in (single, batch)]
+
+
+def answers_of(store: Store, queries: npt.NDArray[np.uint32]) -> list[Any]:
+    """:func:`signature_answers`, through the band cache if the store keeps one (which must
+    then answer, and agree with LMDB's band tables)."""
+    if store._band_cache is None:
+        return signature_answers(store, queries)
+    cached, direct = cached_and_direct(store, lambda: signature_answers(store, queries))
+    assert cached == direct
+    return cached
+
+
+def in_buckets(store: Store, doc_id: bytes, signature: npt.NDArray[np.uint32]) -> list[bool]:
+    """Whether each band table lists ``doc_id`` in the bucket of ``signature``."""
+    with store.read() as txn:
+        (keys,) = txn._band_key_rows(signature[None, :])
+        return [doc_id in txn._bucket(band, key) for band, key in enumerate(keys)]
+
+
+def band_entries(store: Store) -> list[int]:
+    with store.read() as txn:
+        return [int(txn.txn.stat(db)["entries"]) for db in store._band_dbs]
+
+
+def doc_id_of(store: Store, key: Any) -> bytes:
+    with store.read() as txn:
+        found = txn._lookup(key)
+    assert found is not None
+    return found[0]
+
+
+@pytest.mark.parametrize("band_cache", [False, True])
+def test_removed_documents_leave_every_answer_at_once_and_the_band_tables_at_a_purge(
+    store_path: Path, band_cache: bool
+) -> None:
+    bases, copies = near_twins(np.random.default_rng(5), 30)
+    items = [
+        (f"{side}{i}", sigs[i]) for i in range(30) for side, sigs in (("a", bases), ("b", copies))
+    ]
+    doomed = [f"a{i}" for i in range(0, 30, 2)] + [f"b{i}" for i in range(0, 30, 3)]
+    signatures = dict(items)
+    live = {key: sig for key, sig in items if key not in doomed}
+    queries = np.concatenate([bases, copies])
+    with Store.open(store_path, create=True, band_cache=band_cache, **PARAMS) as store:
+        store.add_signatures(items)
+        before = answers_of(store, queries)  # (the cache, if kept, knows every document)
+        assert before[0] == before[1] == expected_answers(signatures, queries, 0.7)
+        ids = {key: doc_id_of(store, key) for key in doomed}
+        assert store.remove_many(doomed) == len(doomed)
+
+        # Out of every answer at once; their band entries (and records) stay for a purge.
+        pending = answers_of(store, queries)
+        assert pending[0] == pending[1] == expected_answers(live, queries, 0.7)
+        assert pending != before
+        with store.read() as txn:
+            assert txn._awaiting_purge() == len(doomed) and len(txn) == len(live)
+            assert all(txn.txn.get(i, db=store._removed_db) is not None for i in ids.values())
+        assert band_entries(store) == [len(items)] * store.banding.bands
+        assert all(all(in_buckets(store, ids[key], signatures[key])) for key in doomed)
+        report = store.check()
+        assert report.ok and report.documents_checked == len(live), report.violations
+        # Nor does a removed document keep a near copy out (this write is rolled back).
+        found: list[Any] = []
+        with contextlib.suppress(_RollBackError), store.write() as txn:
+            found = txn.add_signatures_if_unique([("x0", bases[0]), ("x2", bases[2])])
+            raise _RollBackError
+        assert [(r.added, [m.key for m in r.matches]) for r in found] == [
+            (True, []),  # a0 and b0 were removed
+            (False, ["b2"]),  # a2 was removed
+        ]
+        assert len(store) == len(live)
+
+        assert store.purge() == len(doomed)
+        with store.read() as txn:
+            assert txn._awaiting_purge() == 0 and len(txn) == len(live)
+        assert band_entries(store) == [len(live)] * store.banding.bands
+        assert not any(any(in_buckets(store, ids[key], signatures[key])) for key in doomed)
+        assert all(all(in_buckets(store, doc_id_of(store, key), sig)) for key, sig in live.items())
+        report = store.check()
+        assert report.ok and report.documents_checked == len(live), report.violations
+        assert answers_of(store, queries) == pending
+        assert store.purge() == 0
+
+
+def test_a_transaction_purges_the_lowest_ids_first_up_to_its_limit(store: Store) -> None:
+    bases, _ = near_twins(np.random.default_rng(6), 10)
+    store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(bases)])
+    doomed = ["k7", "k1", "k4", "k8", "k2"]  # ids 1, 2, 4, 7 and 8
+    ids = {key: doc_id_of(store, key) for key in doomed}
+    by_id = sorted(doomed, key=ids.__getitem__)
+    store.remove_many(doomed)
+
+    def waiting() -> list[bytes]:
+        with store.read() as txn, txn.txn.cursor(db=store._removed_db) as cursor:
+            return [bytes(doc_id) for doc_id in cursor.iternext(values=False)]
+
+    def still_in_buckets() -> list[str]:
+        return [key for key in by_id if all(in_buckets(store, ids[key], bases[int(key[1:])]))]
+
+    assert waiting() == [ids[key] for key in by_id] and still_in_buckets() == by_id
+    counter = commit_counter(store)
+    with store.write() as txn:
+        for bad in (0, -1, True, 1.5):
+            with pytest.raises(InvalidParameterError, match="limit"):
+                txn.purge(bad)  # type: ignore[arg-type]
+        assert txn._awaiting_purge() == 5 and not txn._wrote  # nothing changed
+    assert waiting() == [ids[key] for key in by_id] and still_in_buckets() == by_id
+    assert band_entries(store) == [10] * store.banding.bands
+    assert commit_counter(store) == counter + 1
+
+    with store.write() as txn:
+        assert txn.purge(2) == 2
+        assert txn._awaiting_purge() == 3
+    assert waiting() == [ids[key] for key in by_id[2:]] and still_in_buckets() == by_id[2:]
+    assert band_entries(store) == [8] * store.banding.bands and store.check().ok
+    with store.write() as txn:
+        assert txn.purge(1) == 1 and txn.purge(10) == 2 and txn.purge() == 0
+    assert waiting() == [] and still_in_buckets() == []
+    assert band_entries(store) == [5] * store.banding.bands and store.check().ok
+    assert list(store) == [f"k{i}" for i in (0, 3, 5, 6, 9)]
+    for i, sig in enumerate(bases):
+        assert [m.key for m in store.query(signature=sig)] == ([] if f"k{i}" in ids else [f"k{i}"])
+
+
+def test_a_large_removal_purges_on_its_own(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a write that removed documents, a purge runs once more of them await one than
+    max(MIN_TRANSACTION, PURGE_FRACTION of the stored documents), and not before."""
+    assert (store_module.MIN_TRANSACTION, store_module.PURGE_FRACTION) == (10_000, 0.1)
+    sigs = np.random.default_rng(7).integers(0, 2**32, size=(12_000, 32), dtype=np.uint32)
+    with Store.open(store_path, create=True, num_perm=32) as store:
+        store.add_signatures(((f"k{i}", sig) for i, sig in enumerate(sigs)), batch_size=None)
+
+        def awaiting() -> tuple[int, int]:
+            with store.read() as txn:
+                return txn._awaiting_purge(), len(txn)
+
+        # 10,000 in one write: not more than MIN_TRANSACTION (nor than 10 % of 2,000).
+        assert store.remove_many(f"k{i}" for i in range(10_000)) == 10_000
+        assert awaiting() == (10_000, 2_000)
+        assert band_entries(store) == [12_000] * store.banding.bands
+        # One more, in a write block of its own: 10,001 await, and all are purged.
+        with store.write() as txn:
+            assert txn.remove("k10000")
+        assert awaiting() == (0, 1_999)
+        assert band_entries(store) == [1_999] * store.banding.bands and store.check().ok
+
+        # Past MIN_TRANSACTION, it is the fraction of the documents left that decides.
+        monkeypatch.setattr(store_module, "MIN_TRANSACTION", 100)
+        assert store.remove_many(f"k{i}" for i in range(10_001, 10_151)) == 150
+        assert awaiting() == (150, 1_849)  # 150 <= 184.9
+        assert store.remove_many(f"k{i}" for i in range(10_151, 10_191)) == 40
+        assert awaiting() == (0, 1_809)  # 190 > 180.9: purged
+        assert band_entries(store) == [1_809] * store.banding.bands and store.check().ok
+        for i in (0, 10_000, 10_150, 10_190, 10_191, 11_999):
+            assert [m.key for m in store.query(signature=sigs[i])] == (
+                [f"k{i}"] if i > 10_190 else []
+            )
+
+
+@pytest.mark.parametrize("band_cache", [False, True])
+def test_a_removed_key_added_again_is_a_new_document(store_path: Path, band_cache: bool) -> None:
+    """Under a new id: queries find it and never the removed one, before and after the
+    purge of the old one's band entries (same signature, another one, or a replace)."""
+    bases, copies = near_twins(np.random.default_rng(8), 6)
+    with Store.open(store_path, create=True, band_cache=band_cache, **PARAMS) as store:
+        store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(bases)])
+        answers_of(store, bases)  # (the cache, if kept, knows the first documents)
+        old = {key: doc_id_of(store, key) for key in ("k0", "k1", "k2")}
+        store.remove_many(["k0", "k1"])
+        store.add_signatures([("k0", bases[0]), ("k1", copies[4])])  # k1: now a near copy of k4
+        store.add("k2", signature=copies[5], replace=True)  # k2: now a near copy of k5
+        new = {key: doc_id_of(store, key) for key in old}
+        assert all(new[key] > old[key] for key in old)  # ids are never reused
+        assert codec.decode_id(new["k0"]) == len(bases)
+        with store.read() as txn:
+            assert txn._awaiting_purge() == 3
+        assert all(all(in_buckets(store, old[key], bases[int(key[1:])])) for key in old)
+
+        queries = np.concatenate([bases, copies])
+        live = {
+            "k0": bases[0], "k1": copies[4], "k2": copies[5],
+            "k3": bases[3], "k4": bases[4], "k5": bases[5],
+        }  # fmt: skip
+        by_id = dict(sorted(live.items(), key=lambda item: doc_id_of(store, item[0])))
+        expected = expected_answers(by_id, queries, store.threshold)
+        assert [[key for key, _ in found] for found in expected[:6]] == [
+            ["k0"],
+            [],
+            [],
+            ["k3"],
+            ["k4", "k1"],
+            ["k5", "k2"],
+        ]
+        pending = answers_of(store, queries)
+        assert pending[0] == pending[1] == expected
+        assert store.get("k0").signature.tolist() == bases[0].tolist()
+        assert store.get("k1").signature.tolist() == copies[4].tolist()
+        assert store.check().ok
+
+        assert store.purge() == 3
+        assert not any(any(in_buckets(store, old[key], bases[int(key[1:])])) for key in old)
+        assert all(in_buckets(store, new["k0"], bases[0]))  # the same buckets, the new id
+        with store.read() as txn:
+            assert txn._awaiting_purge() == 0
+        assert answers_of(store, queries) == pending and store.check().ok
 
 
 # -- add_if_unique -----------------------------------------------------------------------------

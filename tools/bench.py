@@ -189,6 +189,15 @@ def _cpu_throughput(report: dict[str, Any], key: str, figure: str) -> float | No
     return None
 
 
+def _with_purge(run: dict[str, Any], peer: float) -> str:
+    """The removal's rate with the purge of its band entries added, when the run has it
+    (runs before format 5 deleted them in the removal)."""
+    if "remove_and_purge_per_s" not in run:
+        return ""
+    both = run["remove_and_purge_per_s"]
+    return f"; band entries purged after it: {both:.0f} /s with the purge = {both / peer:.2f}×"
+
+
 def _removal_batch(run: dict[str, Any]) -> str:
     """``, N per transaction`` when the run recorded it (runs before it used 10k)."""
     return f", {run['remove_transaction']} per transaction" if "remove_transaction" in run else ""
@@ -313,7 +322,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             f"{_lmdb_beside(point, dp50)}",
             p50 <= 1.2 * dp50)  # fmt: skip
         add("batched remove ≥ datasketch in memory",
-            f"{mine['remove_per_s']:.0f} vs {mem['remove_per_s']:.0f} /s",
+            f"{mine['remove_per_s']:.0f} vs {mem['remove_per_s']:.0f} /s"
+            f"{_with_purge(mine, mem['remove_per_s'])}",
             mine["remove_per_s"] >= mem["remove_per_s"])  # fmt: skip
         used = point["used_bytes_per_doc"]
         add(f"bytes on disk per document at {size} docs ≤ 1.2 KB",
@@ -390,6 +400,16 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 f"precision {best['precision']:.3f}, recall {best['recall']:.3f} (best setting)",
                 best["precision"] == 1.0 and best["recall"] >= 0.99)  # fmt: skip
     return rows
+
+
+def purge_rows(mine: dict[str, Any]) -> list[str]:
+    """Table rows of the purge after the removal (runs before format 5 lack it)."""
+    if "purge_per_s" not in mine:
+        return []
+    return [
+        f"| … purge of their band entries, docs/s | {mine['purge_per_s']:.0f} | | |",
+        f"| … remove and purge together, docs/s | {mine['remove_and_purge_per_s']:.0f} | | |",
+    ]
 
 
 def dedup_rows(mine: dict[str, Any], mem: dict[str, Any] | None) -> list[str]:
@@ -521,6 +541,7 @@ def render(report: dict[str, Any]) -> str:
             *dedup_rows(mine, mem),
             f"| remove (batched{_removal_batch(mine)}), docs/s | {mine['remove_per_s']:.0f} | "
             f"{cell(mem, 'remove_per_s')} | {cell(red, 'remove_per_s')} |",
+            *purge_rows(mine),
             f"| bytes per document | {last['used_bytes_per_doc']:.0f} on disk "
             f"({mine['bytes_per_doc_compacted']:.0f} compacted) | "
             f"{cell(mem, 'pickle_bytes_per_doc')} pickled | "

@@ -104,7 +104,9 @@ def main() -> int:
         or writers["differences"]
         or compaction["lost_commits"]
         or compaction["differences"]
-        or compaction["commit_counter"] != compaction["writer_commits"]
+        or compaction["commit_counter"]
+        != compaction["writer_commits"] + compaction["purge_commits"]
+        or compaction["empty_purge_commits"]
     )
     result["ok"] = not failed
     args.out.mkdir(parents=True, exist_ok=True)
