@@ -6,6 +6,7 @@
     python tools/profile_store.py size --documents 200000
     python tools/profile_store.py phases --documents 1000000
     python tools/profile_store.py transactions --documents 10000000
+    python tools/profile_store.py purge --documents 1000000 --sizes 20000,100000
 
 Each builds a store of random signatures (num_perm 128, 9 x 13 bands, as the benchmark's
 store), 10k documents per transaction (``transactions``: the library's default,
@@ -19,7 +20,8 @@ store), 10k documents per transaction (``transactions``: the library's default,
   profiler (band keys, candidate lookups, the bare LMDB seeks alone), and those of
   near-duplicate queries that find a candidate (lookups, reading and verifying records);
 * ``phases`` times, without the profiler, each step of ``_insert_new`` (transactions of
-  10k, 30k and 100k documents) and of ``_delete_many`` (10k, 50k and 100k), in µs per
+  10k, 30k and 100k documents), of ``_unlink`` (removals of 10k, 50k and 100k) and of
+  ``_purge`` (purging each removal's documents in a transaction of its own), in µs per
   document: the steps the store runs, in its order, timed one by one (three rounds; the
   store grows by 140k documents a round, then the removals take 480k);
 * ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
@@ -27,7 +29,11 @@ store), 10k documents per transaction (``transactions``: the library's default,
 * ``transactions`` adds one transaction each of ``--sizes`` documents (default: the
   store's ``transaction_size()``, 500k and a tenth of the store), twice in turn, with
   docs/s and the growth of the process's peak memory (Linux ``VmHWM``, reset before
-  each) during the transaction.
+  each) during the transaction;
+* ``purge`` alternates, on one store, removals that delete their band entries in their
+  own transaction (the path of format 4 stores, taken by hiding the ``removed`` table)
+  with removals that leave them followed by a purge of the same documents, for each of
+  ``--sizes`` (default 20k and 100k) documents per transaction, four rounds each.
 
 Pin it to an idle core (``taskset -c 1``) and compare runs made minutes apart only.
 """
@@ -38,6 +44,7 @@ import argparse
 import cProfile
 import pstats
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_store import perturbed
 
 from neardup_store import ReadTxn, Store, codec
+from neardup_store import store as store_module
 from neardup_store.lsh import band_keys
 from neardup_store.txn import prepare_batch
 
@@ -239,7 +247,8 @@ class Clock:
 
 
 def phases(store: Store, documents: int, rng: np.random.Generator) -> None:
-    """Mirrors ``WriteTxn._insert_new`` and ``_delete_many`` step by step (keep in step)."""
+    """Mirrors ``WriteTxn._insert_new``, ``_unlink`` and ``_purge`` step by step (keep in
+    step)."""
     layout, bands = store._band_layout, store.banding.bands
     added = documents
     for size in (10_000, 30_000, 100_000) * 3:
@@ -284,34 +293,86 @@ def phases(store: Store, documents: int, rng: np.random.Generator) -> None:
             )
             clock.step("lookup")
             ids = [doc_id for doc_id, _ in found]
-            sigs = txn._signatures_of(ids)
-            clock.step("read signatures")
+            with txn.txn.cursor(db=store._docs_db) as cursor:
+                rows = [(bytes(i), bytes(record)) for i, record in cursor.getmulti(ids)]
+            clock.step("read records")
+            with txn._writing():
+                txn._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in ids))
+                txn._delete_sorted(store._keys_db, ((i, None) for i in sorted(i for _, i in found)))
+                clock.step("docs and keys")
+                with txn.txn.cursor(db=store._removed_db) as cursor:
+                    cursor.putmulti(rows)
+                clock.step("move records")
+        clock.step("commit")
+        clock.print()
+        added -= size
+        clock = Clock(f"purge {size}", size)
+        with store.write() as txn:
+            with txn.txn.cursor(db=store._removed_db) as cursor:
+                rows = [(bytes(k), bytes(v)) for k, v in cursor]
+            clock.step("read records")
+            sigs = codec.decode_signatures(rows, store.config.num_perm)
             keys_of = band_keys(sigs, store.banding, store.config.seed)
-            id_values = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
+            id_values = np.frombuffer(b"".join(i for i, _ in rows), dtype=">u8").astype(np.uint64)
             entries = [list(layout.entries(keys_of[:, b], id_values)) for b in range(bands)]
             clock.step("band entries")
             with txn._writing():
                 for band, band_entries in enumerate(entries):
                     txn._delete_sorted(store._band_dbs[band], band_entries)
                 clock.step("band deletes")
-                txn._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in ids))
-                txn._delete_sorted(store._keys_db, ((i, None) for i in sorted(i for _, i in found)))
-                clock.step("docs and keys")
+                txn._delete_sorted(store._removed_db, ((i, None) for i, _ in rows))
+                clock.step("removed deletes")
         clock.step("commit")
         clock.print()
         added -= size
 
 
+def eager_or_purge(
+    store: Store, documents: int, rng: np.random.Generator, sizes: Sequence[int]
+) -> None:
+    """Removal rates, docs/s: deleting band entries at once against leaving them for a
+    purge of the same documents, alternated on one store (medians of four rounds)."""
+    removed_db = store._removed_db
+    store_module.PURGE_FRACTION = float("inf")  # each round purges its own removals
+    left = [f"d{i}" for i in rng.permutation(documents)]
+    for size in sizes or (20_000, 100_000):
+        rates: dict[str, list[float]] = {"eager": [], "removal": [], "purge": [], "both": []}
+        for round_ in range(4):
+            for eager in (True, False) if round_ % 2 == 0 else (False, True):
+                keys, left = left[:size], left[size:]
+                store._removed_db = None if eager else removed_db
+                start = time.perf_counter()
+                store.remove_many(keys)
+                removing = time.perf_counter() - start
+                store._removed_db = removed_db
+                if eager:
+                    rates["eager"].append(size / removing)
+                    continue
+                start = time.perf_counter()
+                store.purge(batch_size=None)
+                purging = time.perf_counter() - start
+                rates["removal"].append(size / removing)
+                rates["purge"].append(size / purging)
+                rates["both"].append(size / (removing + purging))
+        eager_rate = statistics.median(rates["eager"])
+        print(f"{size} per transaction, {len(store)} documents left:")
+        for name, values in rates.items():
+            median = statistics.median(values)
+            shown = " ".join(f"{v / 1000:.1f}k" for v in values)
+            print(f"  {name:8} {shown}  median {median / 1000:.1f}k ({median / eager_rate:.2f}×)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "what", choices=["ingest", "remove", "query", "size", "phases", "transactions"]
+        "what",
+        choices=["ingest", "remove", "query", "size", "phases", "transactions", "purge"],
     )
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--sizes", type=lambda text: [int(x) for x in text.split(",")], default=[],
-        help="transactions: documents per timed transaction, comma-separated",
+        help="transactions, purge: documents per timed transaction, comma-separated",
     )  # fmt: skip
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
@@ -323,8 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "size": size,
         "phases": phases,
         "transactions": lambda store, n, rng: transactions(store, n, rng, args.sizes),
+        "purge": lambda store, n, rng: eager_or_purge(store, n, rng, args.sizes),
     }[args.what]
-    auto = args.what == "transactions"
+    auto = args.what in ("transactions", "purge")
     with (
         tempfile.TemporaryDirectory(prefix="neardup-profile-") as scratch,
         build(Path(scratch) / "store", documents, rng, auto) as store,
