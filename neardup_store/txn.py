@@ -783,11 +783,11 @@ class WriteTxn(ReadTxn):
             self._delete_sorted(store._docs_db, ((doc_id, None) for doc_id in ids))
             indexes = sorted(index for _, index in found)
             self._delete_sorted(store._keys_db, ((index, None) for index in indexes))
-            if store._removed_db is not None:
+            if store._removed_db is None:
+                self._delete_band_entries(doomed)
+            else:
                 with self.txn.cursor(db=store._removed_db) as cursor:
                     cursor.putmulti(rows)
-            for db, entries in zip(store._band_dbs, doomed, strict=False):
-                self._delete_sorted(db, entries)
             _faults.checkpoint("after-remove")
 
     def _band_entries_of(
@@ -802,6 +802,11 @@ class WriteTxn(ReadTxn):
         layout = store._band_layout
         return [layout.entries(keys[:, band], id_values) for band in range(keys.shape[1])]
 
+    def _delete_band_entries(self, doomed: list[Iterable[tuple[bytes, bytes]]]) -> None:
+        """Delete each band's entries of :meth:`_band_entries_of`."""
+        for db, entries in zip(self._store._band_dbs, doomed, strict=True):
+            self._delete_sorted(db, entries)
+
     def _purge(self, limit: int | None) -> int:
         removed = self._store._removed_db
         if removed is None:
@@ -812,8 +817,7 @@ class WriteTxn(ReadTxn):
             return 0
         doomed = self._band_entries_of(rows)
         with self._writing():
-            for db, entries in zip(self._store._band_dbs, doomed, strict=True):
-                self._delete_sorted(db, entries)
+            self._delete_band_entries(doomed)
             self._delete_sorted(removed, ((doc_id, None) for doc_id, _ in rows))
             _faults.checkpoint("after-purge")
         return len(rows)
