@@ -899,7 +899,7 @@ def purge(path: str, batch_size: int | Literal["auto"], as_json: bool) -> None:
     """
     with open_store(path, readonly=False) as store:
         with store.read() as reader:
-            waiting = reader._awaiting_purge()
+            waiting = reader.awaiting_purge()
         with _doc_progress("Purging", waiting) as progress:
             purged = store.purge(batch_size, progress)
     if as_json:

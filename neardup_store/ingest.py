@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from . import codec
 from .errors import EmptyDocumentError, InvalidParameterError, NeardupError
-from .store import AUTO, MIN_TRANSACTION, batches
+from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size
 from .txn import Key, Match, UniqueResult
 
 if TYPE_CHECKING:
@@ -539,11 +539,6 @@ def _without_text(record: Record) -> Record:
     return Record(record.key, "", record.metadata, record.source)
 
 
-def _check_batch_size(batch_size: int) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidParameterError("batch_size", batch_size, "a positive integer")
-
-
 # -- dedup -----------------------------------------------------------------------------------
 
 
@@ -596,7 +591,7 @@ def dedup(
         Interrupted: on ``KeyboardInterrupt`` (rerun to resume).
         DedupStateError: the progress file belongs to a different job.
     """
-    _check_batch_size(batch_size)
+    check_batch_size(batch_size, allow_auto=False)
     if threshold is not None:
         threshold = store._check_threshold(threshold)
     paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]

@@ -386,7 +386,7 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
         last_pgno = int(info["last_pgno"])
         return StoreStats(
             documents=len(reader),
-            awaiting_purge=reader._awaiting_purge(),
+            awaiting_purge=reader.awaiting_purge(),
             params=store.params.flat(),
             generation=int(store._read_meta(txn, "banding")["generation"]),
             format_version=int(store._read_meta(txn, "format_version")),

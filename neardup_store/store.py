@@ -934,7 +934,7 @@ class Store:
         while True:
             size = next_size()
             with self.read() as reader:  # nothing to purge: no commit, the store unchanged
-                if not reader._awaiting_purge():
+                if not reader.awaiting_purge():
                     return total
             with self.write() as txn:
                 done = txn.purge(size)
@@ -946,7 +946,7 @@ class Store:
 
     def _purge_if_due(self) -> None:
         with self.read() as reader:
-            waiting, stored = reader._awaiting_purge(), len(reader)
+            waiting, stored = reader.awaiting_purge(), len(reader)
         if waiting > max(MIN_TRANSACTION, PURGE_FRACTION * stored):
             self.purge()
 
@@ -1115,20 +1115,25 @@ def _lmdb_file_damage(path: Path, err: lmdb.Error) -> str | None:
     return str(err) if isinstance(err, _DAMAGE) else None
 
 
-def check_batch_size(batch_size: object, *, allow_none: bool = False) -> BatchSize:
-    """``batch_size`` if it is a positive integer or ``"auto"`` (or ``None``, when allowed).
+def check_batch_size(
+    batch_size: object, *, allow_none: bool = False, allow_auto: bool = True
+) -> BatchSize:
+    """``batch_size`` if it is a positive integer, or ``"auto"`` or ``None`` where allowed.
 
     Raises:
         InvalidParameterError: it is not.
     """
     if (
-        batch_size == AUTO
+        (batch_size == AUTO and allow_auto)
         or (batch_size is None and allow_none)
         or (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0)
     ):
         return batch_size  # type: ignore[return-value]
-    expected = ", None" if allow_none else ""
-    raise InvalidParameterError("batch_size", batch_size, f'a positive integer{expected} or "auto"')
+    expected = "a positive integer"
+    others = [name for name, allowed in (("None", allow_none), ('"auto"', allow_auto)) if allowed]
+    if others:
+        expected = ", ".join([expected, *others[:-1]]) + f" or {others[-1]}"
+    raise InvalidParameterError("batch_size", batch_size, expected)
 
 
 def batches(items: Iterable[Any], next_size: Callable[[], int | None]) -> Iterator[list[Any]]:

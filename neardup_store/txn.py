@@ -544,8 +544,10 @@ class ReadTxn:
         if removed is None or self.txn.get(doc_id, db=removed) is None:
             raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
 
-    def _awaiting_purge(self) -> int:
-        """Removed documents whose band entries have not been purged yet."""
+    def awaiting_purge(self) -> int:
+        """How many removed documents still have band entries for a purge to delete (a
+        count LMDB keeps, so asking costs no walk): what :meth:`Store.purge` would purge
+        as of this snapshot."""
         removed = self._store._removed_db
         return 0 if removed is None else int(self.txn.stat(removed)["entries"])
 

@@ -167,7 +167,7 @@ def check_snapshot(txn: Any, rng: np.random.Generator, sample: int = 40) -> dict
     raw = txn.txn
     docs = int(raw.stat(store._docs_db)["entries"])
     keys = int(raw.stat(store._keys_db)["entries"])
-    removed = txn._awaiting_purge()
+    removed = txn.awaiting_purge()
     bands = [int(raw.stat(db)["entries"]) for db in store._band_dbs]
     assert keys == docs and all(n == docs + removed for n in bands), (docs, removed, keys, bands)
     picks = set(rng.choice(docs, size=min(sample, docs), replace=False).tolist()) if docs else set()
@@ -277,7 +277,7 @@ def write_ack(store: Store, ack_path: Path) -> dict[str, Any]:
         ack = {
             "commit": counter,
             "docs": len(txn),
-            "removed": txn._awaiting_purge(),
+            "removed": txn.awaiting_purge(),
             "keys_digest": keys_digest(txn),
             "map_size": int(store._env.info()["map_size"]),
         }

@@ -500,9 +500,9 @@ def _count_purge_commits(store: Store) -> dict[str, int]:
     @contextmanager
     def counted() -> Iterator[WriteTxn]:
         with write() as txn:
-            before = txn._awaiting_purge()
+            before = txn.awaiting_purge()
             yield txn
-            purged = before - txn._awaiting_purge()
+            purged = before - txn.awaiting_purge()
         counts["commits"] += 1
         counts["empty"] += purged == 0
 

@@ -197,7 +197,7 @@ class CrashLoop:
                 report = store.check()
                 documents = len(store)
                 with store.read() as reader:
-                    awaiting = reader._awaiting_purge()
+                    awaiting = reader.awaiting_purge()
         except NeardupError as err:
             problems.append(f"store does not open: {type(err).__name__}: {err}")
             return None

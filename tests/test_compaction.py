@@ -381,7 +381,7 @@ def test_compaction_killed_at_a_chosen_point_leaves_the_store_intact(
     with Store.open(store_path, read_only=True) as reader:
         assert probe_answers(reader) == before["answers"]
         with reader.read() as txn:  # the purge before the copy had committed
-            assert txn._awaiting_purge() == 0
+            assert txn.awaiting_purge() == 0
     assert leftovers(store_path) == scratch
     assert_intact(store_path, before)
 

@@ -243,7 +243,7 @@ def test_repair_drops_a_damaged_removed_record_with_its_band_entries(
     assert result is not None and result.returncode == 0, result.stdout
     assert logical_digest(copy) == reference.logical
     with Store.open(copy, read_only=True) as store, store.read() as txn:
-        assert txn._awaiting_purge() == 0
+        assert txn.awaiting_purge() == 0
         assert all(txn.txn.stat(db)["entries"] == len(txn) for db in store._band_dbs)
 
 

@@ -167,7 +167,7 @@ def test_the_writer_purges_and_the_model_counts_what_awaits_a_purge(tmp_path: Pa
             write_batch(store, batch(7, s))
             builder.advance(s)
             with store.read() as reader:
-                counts.append(reader._awaiting_purge())
+                counts.append(reader.awaiting_purge())
             assert counts[-1] == builder.awaiting, s
             report = store.check()  # what the crash loop checks after a kill
             assert report.ok, (s, report.violations)

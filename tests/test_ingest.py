@@ -411,6 +411,19 @@ def _expected_kept_after(reference: Path, archive: Path, lines: int) -> int:
     return sum(json.loads(x)["id"] in first for x in (reference / "keep.jsonl").open())
 
 
+@pytest.mark.parametrize("batch_size", [0, -3, True, "auto", 2.5])
+def test_dedup_refuses_a_bad_batch_size_before_writing(
+    store: Store, archive: Path, batch_size: object
+) -> None:
+    """dedup's batches are the units it resumes from, so unlike add_many it takes no
+    "auto": the error names what it does take, and no output or progress file appears."""
+    out = archive.parent / "out"
+    out.mkdir()
+    with pytest.raises(InvalidParameterError, match=r"expected a positive integer$"):
+        _dedup(store, archive, out, batch_size=batch_size)
+    assert list(out.iterdir()) == [] and len(store) == 0
+
+
 def test_dedup_refuses_progress_of_another_job(store: Store, archive: Path) -> None:
     out = archive.parent
     _dedup(store, archive, out, batch_size=60)

@@ -378,7 +378,7 @@ def test_check_is_clean_on_a_healthy_store(store: Store, corpus: DemoCorpus) -> 
     assert report.documents_checked == len(corpus.documents) + 1
     store.remove_many(["doc-0001", "doc-0002"])
     with store.read() as reader:
-        assert reader._awaiting_purge() == 2  # their band entries are still there: fine
+        assert reader.awaiting_purge() == 2  # their band entries are still there: fine
     report = store.check()
     assert report.ok and report.documents_checked == len(corpus.documents) - 1
     assert store.purge() == 2
@@ -434,7 +434,7 @@ def test_check_finds_real_corruption_and_repair_fixes_what_it_can(
         if repairable:
             assert repaired.ok and repaired.remaining == [] and damaged.check().ok
             with damaged.read() as reader:
-                assert reader._awaiting_purge() == 0  # re-derived from the stored documents
+                assert reader.awaiting_purge() == 0  # re-derived from the stored documents
             text = corpus.documents["doc-0005"]
             assert damaged.query(text)[0].key == "doc-0005"
             damaged.add("after-repair", text + " And one more sentence.")

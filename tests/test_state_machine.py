@@ -424,7 +424,7 @@ class StoreMachine(RuleBasedStateMachine):
                 self.s.compact()
             return
         with self.s.read() as reader:
-            awaiting = reader._awaiting_purge()
+            awaiting = reader.awaiting_purge()
         estimate = self.s.compact(dry_run=True) if dry_run_first else None
         report = self.s.compact()
         assert report.bytes_after == (self.path / "data.mdb").stat().st_size
@@ -437,7 +437,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert estimate.bytes_after == report.bytes_after
             assert estimate.bytes_before == report.bytes_before
         with self.s.read() as reader:
-            assert reader._awaiting_purge() == 0
+            assert reader.awaiting_purge() == 0
         assert self.s.compact(dry_run=True).bytes_after == report.bytes_after
         assert not [p for p in self.path.iterdir() if p.name.startswith(".compact-")]
 
@@ -451,14 +451,14 @@ class StoreMachine(RuleBasedStateMachine):
                 self.s.purge()
             return
         with self.s.read() as reader:
-            awaiting = reader._awaiting_purge()
+            awaiting = reader.awaiting_purge()
         if limit is None:
             assert self.s.purge() == awaiting
         else:
             with self.s.write() as txn:
                 assert txn.purge(limit) == min(limit, awaiting)
         with self.s.read() as reader:
-            left = reader._awaiting_purge()
+            left = reader.awaiting_purge()
         assert left == (0 if limit is None else awaiting - min(limit, awaiting))
 
     @rule(target_banding=st.sampled_from(REBUILDS))
@@ -479,7 +479,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert report.new_params.banding == expected == self.s.banding
         assert self.s.threshold == new_threshold
         with self.s.read() as reader:
-            assert reader._awaiting_purge() == 0  # the new band tables hold none of them
+            assert reader.awaiting_purge() == 0  # the new band tables hold none of them
         self.model.banding, self.threshold = expected, new_threshold
 
     @rule()

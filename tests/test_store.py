@@ -81,7 +81,7 @@ def commit_counter(store: Store) -> int:
 
 def awaiting_purge(store: Store) -> int:
     with store.read() as txn:
-        return txn._awaiting_purge()
+        return txn.awaiting_purge()
 
 
 def raw_meta(path: Path) -> dict[str, Any]:
@@ -974,7 +974,7 @@ def test_removed_documents_leave_every_answer_at_once_and_the_band_tables_at_a_p
         assert pending[0] == pending[1] == expected_answers(live, queries, 0.7)
         assert pending != before
         with store.read() as txn:
-            assert txn._awaiting_purge() == len(doomed) and len(txn) == len(live)
+            assert txn.awaiting_purge() == len(doomed) and len(txn) == len(live)
             assert all(txn.txn.get(i, db=store._removed_db) is not None for i in ids.values())
         assert band_entries(store) == [len(items)] * store.banding.bands
         assert all(all(in_buckets(store, ids[key], signatures[key])) for key in doomed)
@@ -993,7 +993,7 @@ def test_removed_documents_leave_every_answer_at_once_and_the_band_tables_at_a_p
 
         assert store.purge() == len(doomed)
         with store.read() as txn:
-            assert txn._awaiting_purge() == 0 and len(txn) == len(live)
+            assert txn.awaiting_purge() == 0 and len(txn) == len(live)
         assert band_entries(store) == [len(live)] * store.banding.bands
         assert not any(any(in_buckets(store, ids[key], signatures[key])) for key in doomed)
         assert all(all(in_buckets(store, doc_id_of(store, key), sig)) for key, sig in live.items())
@@ -1024,14 +1024,14 @@ def test_a_transaction_purges_the_lowest_ids_first_up_to_its_limit(store: Store)
         for bad in (0, -1, True, 1.5):
             with pytest.raises(InvalidParameterError, match="limit"):
                 txn.purge(bad)  # type: ignore[arg-type]
-        assert txn._awaiting_purge() == 5 and not txn._wrote  # nothing changed
+        assert txn.awaiting_purge() == 5 and not txn._wrote  # nothing changed
     assert waiting() == [ids[key] for key in by_id] and still_in_buckets() == by_id
     assert band_entries(store) == [10] * store.banding.bands
     assert commit_counter(store) == counter + 1
 
     with store.write() as txn:
         assert txn.purge(2) == 2
-        assert txn._awaiting_purge() == 3
+        assert txn.awaiting_purge() == 3
     assert waiting() == [ids[key] for key in by_id[2:]] and still_in_buckets() == by_id[2:]
     assert band_entries(store) == [8] * store.banding.bands and store.check().ok
     with store.write() as txn:
@@ -1055,7 +1055,7 @@ def test_a_large_removal_purges_on_its_own(
 
         def awaiting() -> tuple[int, int]:
             with store.read() as txn:
-                return txn._awaiting_purge(), len(txn)
+                return txn.awaiting_purge(), len(txn)
 
         # 10,000 in one write: not more than MIN_TRANSACTION (nor than 10 % of 2,000).
         assert store.remove_many(f"k{i}" for i in range(10_000)) == 10_000
@@ -1096,7 +1096,7 @@ def test_a_removed_key_added_again_is_a_new_document(store_path: Path, band_cach
         assert all(new[key] > old[key] for key in old)  # ids are never reused
         assert codec.decode_id(new["k0"]) == len(bases)
         with store.read() as txn:
-            assert txn._awaiting_purge() == 3
+            assert txn.awaiting_purge() == 3
         assert all(all(in_buckets(store, old[key], bases[int(key[1:])])) for key in old)
 
         queries = np.concatenate([bases, copies])
@@ -1124,7 +1124,7 @@ def test_a_removed_key_added_again_is_a_new_document(store_path: Path, band_cach
         assert not any(any(in_buckets(store, old[key], bases[int(key[1:])])) for key in old)
         assert all(in_buckets(store, new["k0"], bases[0]))  # the same buckets, the new id
         with store.read() as txn:
-            assert txn._awaiting_purge() == 0
+            assert txn.awaiting_purge() == 0
         assert answers_of(store, queries) == pending and store.check().ok
 
 

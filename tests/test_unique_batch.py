@@ -69,7 +69,7 @@ def twin_stores(tmp_path: Path, stored: Sigs, version: int = codec.FORMAT_VERSIO
             doomed = [f"s{i}" for i in range(1, len(stored), 2)][:20]
             store.remove_many(doomed)
             with store.read() as reader:
-                assert reader._awaiting_purge() == len(doomed)
+                assert reader.awaiting_purge() == len(doomed)
         if version != codec.FORMAT_VERSION:
             rewrite_as_old_format(path, version)
         paths.append(path)
