@@ -7,10 +7,11 @@
     python tools/profile_store.py phases --documents 1000000
     python tools/profile_store.py transactions --documents 10000000
     python tools/profile_store.py purge --documents 1000000 --sizes 20000,100000
+    python tools/profile_store.py idle --documents 1000000
 
 Each builds a store of random signatures (num_perm 128, 9 x 13 bands, as the benchmark's
-store), 10k documents per transaction (``transactions``: the library's default,
-``batch_size="auto"``) with ``durable=False``, in a temporary directory:
+store), 10k documents per transaction (``transactions``, ``purge`` and ``idle``: the
+library's default, ``batch_size="auto"``) with ``durable=False``, in a temporary directory:
 
 * ``ingest`` profiles five more 10k-document transactions at that size;
 * ``remove`` profiles ``remove_many`` of 2% of the store in 10k batches;
@@ -33,7 +34,12 @@ store), 10k documents per transaction (``transactions``: the library's default,
 * ``purge`` alternates, on one store, removals that delete their band entries in their
   own transaction (the path of format 4 stores, taken by hiding the ``removed`` table)
   with removals that leave them followed by a purge of the same documents, for each of
-  ``--sizes`` (default 20k and 100k) documents per transaction, four rounds each.
+  ``--sizes`` (default 20k and 100k) documents per transaction, four rounds each;
+* ``idle`` reads every page of the store's tables, then times ``ReadTxn.get`` of 2000
+  random keys never read since, at once and after each of ``--sizes`` more seconds of
+  sleep (default 20, 40 and 60), with the page faults of each round: what the first
+  touch of a page costs once it has sat unused, and whether the process's CPU time
+  (as the guest counts it) covers that wait or the process sat in a page fault.
 
 Pin it to an idle core (``taskset -c 1``) and compare runs made minutes apart only.
 """
@@ -362,17 +368,53 @@ def eager_or_purge(
             print(f"  {name:8} {shown}  median {median / 1000:.1f}k ({median / eager_rate:.2f}×)")
 
 
+def idle(store: Store, documents: int, rng: np.random.Generator, sleeps: Sequence[int]) -> None:
+    """Latency of reading random documents never read since every page was touched,
+    after each of ``sleeps`` more seconds of idle."""
+    with store.read() as txn:
+        start = time.perf_counter()
+        touched = 0
+        for db in (store._docs_db, store._keys_db, *store._band_dbs):
+            with txn.txn.cursor(db=db) as cursor:
+                touched += sum(len(value) for _, value in cursor)
+        seconds_taken = time.perf_counter() - start
+        print(f"read every page ({touched >> 20} MiB of values) in {seconds_taken:.1f} s")
+        unread = rng.permutation(documents)
+        waited = 0
+        for sleep in (0, *(sleeps or (20, 40, 60))):
+            time.sleep(sleep)
+            waited += sleep
+            picked, unread = unread[:2000], unread[2000:]
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = time.process_time()
+            seconds = []
+            for i in picked:
+                start = time.perf_counter()
+                txn.get(f"d{i}")
+                seconds.append((time.perf_counter() - start) * 1e6)
+            cpu = time.process_time() - cpu
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            p50, p90, p99 = np.percentile(seconds, [50, 90, 99])
+            print(
+                f"{waited:4d} s after: get p50 {p50:.1f}, p90 {p90:.1f}, p99 {p99:.1f} µs; "
+                f"{after.ru_majflt - before.ru_majflt} major, "
+                f"{after.ru_minflt - before.ru_minflt} minor faults; "
+                f"CPU time {cpu / (sum(seconds) / 1e6):.0%} of the wall time"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "what",
-        choices=["ingest", "remove", "query", "size", "phases", "transactions", "purge"],
+        choices=["ingest", "remove", "query", "size", "phases", "transactions", "purge", "idle"],
     )
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--sizes", type=lambda text: [int(x) for x in text.split(",")], default=[],
-        help="transactions, purge: documents per timed transaction, comma-separated",
+        help="transactions, purge: documents per timed transaction; idle: seconds of each"
+        " sleep (comma-separated)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
@@ -385,8 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "phases": phases,
         "transactions": lambda store, n, rng: transactions(store, n, rng, args.sizes),
         "purge": lambda store, n, rng: eager_or_purge(store, n, rng, args.sizes),
+        "idle": lambda store, n, rng: idle(store, n, rng, args.sizes),
     }[args.what]
-    auto = args.what in ("transactions", "purge")
+    auto = args.what in ("transactions", "purge", "idle")
     with (
         tempfile.TemporaryDirectory(prefix="neardup-profile-") as scratch,
         build(Path(scratch) / "store", documents, rng, auto) as store,
