@@ -10,8 +10,9 @@
     python tools/profile_store.py idle --documents 1000000
 
 Each builds a store of random signatures (num_perm 128, 9 x 13 bands, as the benchmark's
-store), 10k documents per transaction (``transactions``, ``purge`` and ``idle``: the
-library's default, ``batch_size="auto"``) with ``durable=False``, in a temporary directory:
+store), 10k documents per transaction (``transactions``, ``purge``, ``idle`` and with
+``--auto``: the library's default, ``batch_size="auto"``) with ``durable=False``, in a
+temporary directory:
 
 * ``ingest`` profiles five more 10k-document transactions at that size;
 * ``remove`` profiles ``remove_many`` of 2% of the store in 10k batches;
@@ -21,10 +22,11 @@ library's default, ``batch_size="auto"``) with ``durable=False``, in a temporary
   profiler (band keys, candidate lookups, the bare LMDB seeks alone), and those of
   near-duplicate queries that find a candidate (lookups, reading and verifying records);
 * ``phases`` times, without the profiler, each step of ``_insert_new`` (transactions of
-  10k, 30k and 100k documents), of ``_unlink`` (removals of 10k, 50k and 100k) and of
-  ``_purge`` (purging each removal's documents in a transaction of its own), in µs per
-  document: the steps the store runs, in its order, timed one by one (three rounds; the
-  store grows by 140k documents a round, then the removals take 480k);
+  10k, 30k and 100k documents, or ``--sizes``), of ``_unlink`` (removals of 10k, 50k
+  and 100k) and of ``_purge`` (purging each removal's documents in a transaction of its
+  own), in µs per document: the steps the store runs, in its order, timed one by one
+  (three rounds; the store grows by the inserts' sum a round, then the removals take
+  480k);
 * ``size`` prints each table's pages per document (``txn.stat``) beside the file size,
   which also holds the free pages copy-on-write leaves;
 * ``transactions`` adds one transaction each of ``--sizes`` documents (default: the
@@ -252,12 +254,14 @@ class Clock:
         print(f"{self.label}: {total:.2f} µs/doc ({parts})")
 
 
-def phases(store: Store, documents: int, rng: np.random.Generator) -> None:
+def phases(
+    store: Store, documents: int, rng: np.random.Generator, sizes: Sequence[int] = ()
+) -> None:
     """Mirrors ``WriteTxn._insert_new``, ``_unlink`` and ``_purge`` step by step (keep in
-    step)."""
+    step); ``sizes`` are the insert transactions' (default 10k, 30k and 100k)."""
     layout, bands = store._band_layout, store.banding.bands
     added = documents
-    for size in (10_000, 30_000, 100_000) * 3:
+    for size in tuple(sizes or (10_000, 30_000, 100_000)) * 3:
         sigs = rng.integers(0, 2**32, size=(size, 128), dtype=np.uint32)
         clock = Clock(f"add {size} at {added}", size)
         batch = prepare_batch(store, [(f"d{added + i}", None, None) for i in range(size)], sigs)
@@ -413,8 +417,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--sizes", type=lambda text: [int(x) for x in text.split(",")], default=[],
-        help="transactions, purge: documents per timed transaction; idle: seconds of each"
+        help="transactions, purge, phases (inserts): documents per timed transaction; idle:"
+        " seconds of each"
         " sleep (comma-separated)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--auto", action="store_true",
+        help='build the store with batch_size="auto" (as the benchmark) for every command',
     )  # fmt: skip
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
@@ -424,12 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "remove": remove,
         "query": query,
         "size": size,
-        "phases": phases,
+        "phases": lambda store, n, rng: phases(store, n, rng, args.sizes),
         "transactions": lambda store, n, rng: transactions(store, n, rng, args.sizes),
         "purge": lambda store, n, rng: eager_or_purge(store, n, rng, args.sizes),
         "idle": lambda store, n, rng: idle(store, n, rng, args.sizes),
     }[args.what]
-    auto = args.what in ("transactions", "purge", "idle")
+    auto = args.auto or args.what in ("transactions", "purge", "idle")
     with (
         tempfile.TemporaryDirectory(prefix="neardup-profile-") as scratch,
         build(Path(scratch) / "store", documents, rng, auto) as store,
