@@ -627,6 +627,7 @@ class Store:
                 if typed is err:
                     raise
                 raise typed from err
+            purge_due = writer._unlinked and self._purge_due(writer)
             try:
                 writer._finish(commit=True)
             except lmdb.Error as err:
@@ -634,8 +635,8 @@ class Store:
                 if typed is err:
                     raise
                 raise typed from err
-        if writer._unlinked:
-            self._purge_if_due()
+        if purge_due:
+            self.purge()
 
     def _translate(self, err: lmdb.Error) -> Exception:
         """The typed error for an engine error raised while writing (``err`` if none fits).
@@ -944,11 +945,11 @@ class Store:
             if size is None or done < size:
                 return total
 
-    def _purge_if_due(self) -> None:
-        with self.read() as reader:
-            waiting, stored = reader.awaiting_purge(), len(reader)
-        if waiting > max(MIN_TRANSACTION, PURGE_FRACTION * stored):
-            self.purge()
+    @staticmethod
+    def _purge_due(txn: ReadTxn) -> bool:
+        """Whether the removals awaiting a purge in ``txn`` have passed
+        :data:`PURGE_FRACTION` of its documents (and :data:`MIN_TRANSACTION`)."""
+        return txn.awaiting_purge() > max(MIN_TRANSACTION, PURGE_FRACTION * len(txn))
 
     def add_if_unique(self, key: Key, document: object = None, **options: Any) -> UniqueResult:
         """See :meth:`WriteTxn.add_if_unique`."""
