@@ -322,6 +322,11 @@ def decode_id(raw: bytes) -> int:
     return int(_ID.unpack(raw)[0])
 
 
+def encode_ids(doc_ids: npt.NDArray[np.uint64]) -> list[bytes]:
+    """:func:`encode_id` of each of ``doc_ids``, in one step."""
+    return band_key_bytes(doc_ids)
+
+
 def encode_band_keys(keys: npt.NDArray[np.uint64]) -> list[bytes]:
     """Band keys as 8-byte big-endian table keys."""
     return band_key_bytes(np.ravel(keys))  # type: ignore[return-value]

@@ -315,31 +315,40 @@ class ReadTxn:
         limit = _check_limit(limit)
         if len(sigs) == 1:
             return [self._query_one(sigs[0], threshold, limit)]
-        scored, records = self._scored_many(sigs, threshold)
-        return [self._to_matches(found, limit, records) for found in scored]
+        scored = self._scored_many(sigs, threshold)
+        matches: list[list[Match]] = [[] for _ in range(len(sigs))]
+        for query, doc_id, score in scored.hits():
+            found = matches[query]
+            if limit is None or len(found) < limit:
+                found.append(Match(self._key_of(doc_id, scored.records), score))
+        return matches
 
-    def _scored_many(
-        self, sigs: npt.NDArray[np.uint32], threshold: float
-    ) -> tuple[list[list[tuple[bytes, float]]], dict[bytes, bytes]]:
-        """``(id, score)`` of each signature's stored near-duplicates (in no order), and
-        the candidates' records, read once here, for the matches' keys."""
-        candidates, records = self._candidate_sets(sigs)
-        results: list[list[tuple[bytes, float]]] = [[] for _ in candidates]
-        wanted = sorted(set().union(*candidates))
-        if not wanted:
-            return results, records
+    def _scored_many(self, sigs: npt.NDArray[np.uint32], threshold: float) -> _Scored:
+        """Each signature's stored near-duplicates, and the candidates' records, read once
+        here, for the matches' keys.
+
+        The batch's candidates and hits stay numpy arrays of ``(query, id)`` pairs: a
+        container per query or per hit would be thousands of objects living as long as
+        the call, which Python's cyclic collector walks over and over (``tools/README.md``,
+        "Batch queries and the garbage collector").
+        """
+        askers, ids, records = self._candidate_pairs(sigs)
+        if not len(ids):
+            return _Scored.nothing(records)
+        distinct, rows = np.unique(ids, return_inverse=True)
+        wanted = codec.encode_ids(distinct)
         # Every candidate's signature is read and checked once, however many queries of
         # the batch share it; all (query, candidate) pairs are then one comparison.
         live = self._live_records(wanted, records)
         if len(live) < len(wanted):  # removed documents whose band entries await a purge
+            kept = {doc_id for doc_id, _ in live}
+            alive = np.fromiter((doc_id in kept for doc_id in wanted), bool, len(wanted))
+            stays = alive[rows]
+            askers, rows = askers[stays], (np.cumsum(alive) - 1)[rows[stays]]
             wanted = [doc_id for doc_id, _ in live]
-            kept = set(wanted)
-            candidates = [ids & kept for ids in candidates]
-        position = {doc_id: i for i, doc_id in enumerate(wanted)}
         stored = codec.decode_signatures(live, self._store.config.num_perm)
-        askers = np.repeat(np.arange(len(candidates)), [len(ids) for ids in candidates])
-        rows = np.fromiter((position[i] for ids in candidates for i in ids), np.intp, len(askers))
         num_perm = stored.shape[1]
+        parts = []
         for lo in range(0, len(rows), _PAIRS_PER_COMPARISON):
             asker, row = (
                 askers[lo : lo + _PAIRS_PER_COMPARISON],
@@ -347,11 +356,11 @@ class ReadTxn:
             )
             scores = np.count_nonzero(stored[row] == sigs[asker], axis=1) / num_perm
             hits = np.flatnonzero(scores >= threshold)
-            for query, at, score in zip(
-                asker[hits].tolist(), row[hits].tolist(), scores[hits].tolist(), strict=True
-            ):
-                results[query].append((wanted[at], score))
-        return results, records
+            parts.append((asker[hits], row[hits], scores[hits]))
+        queries, at, score = (np.concatenate(part) for part in zip(*parts, strict=True))
+        # By query, then score descending, then id (``wanted`` is in id order).
+        order = np.lexsort((at, -score, queries))
+        return _Scored(queries[order], at[order], score[order], wanted, records)
 
     def _query_one(
         self, sig: npt.NDArray[np.uint32], threshold: float, limit: int | None
@@ -363,7 +372,7 @@ class ReadTxn:
             found = self._live_records(self._candidates_of(sig))
         else:
             ids, _ = cache.candidates(sig[None, :])
-            found = self._cached_records(ids) if len(ids) else []
+            found = self._cached_records(np.unique(ids)).items() if len(ids) else ()
         if not found:
             return []
         num_perm = len(sig)
@@ -394,8 +403,10 @@ class ReadTxn:
         for lo in range(0, len(texts), _EXACT_CHUNK):
             chunk, chunk_sigs = texts[lo : lo + _EXACT_CHUNK], sigs[lo : lo + _EXACT_CHUNK]
             mine = shingler.hash_batch(chunk, encoding, lo)
-            candidates, records = self._scored_many(chunk_sigs, 0.0)
-            scored = [sorted(found) for found in candidates]  # in id order, as ties keep it
+            hits = self._scored_many(chunk_sigs, 0.0)
+            records = hits.records
+            # In id order, which the sorts below keep among ties.
+            scored = [sorted(found) for found in hits.by_query(len(chunk))]
             keys = {
                 doc_id: self._key_of(doc_id, records) for found in scored for doc_id, _ in found
             }
@@ -425,9 +436,12 @@ class ReadTxn:
         return self._bucket_ids([(self._band_cursor(band), bucket)])
 
     def _bucket_ids(
-        self, lookups: Iterable[tuple[lmdb.Cursor, tuple[bytes, bytes]]]
+        self,
+        lookups: Iterable[tuple[lmdb.Cursor, tuple[bytes, bytes]]],
+        counts: list[int] | None = None,
     ) -> list[bytes]:
-        """The ids in the buckets ``(table key, lead)``, each read through its cursor.
+        """The ids in the buckets ``(table key, lead)``, each read through its cursor, one
+        after another; ``counts``, if given, receives how many each bucket held.
 
         The same steps serve every :class:`~neardup_store.codec.BandLayout`: seek the
         first value at or after the lead (LMDB orders a prefix before its extensions; id 0
@@ -436,14 +450,17 @@ class ReadTxn:
         """
         layout = self._store._band_layout
         lowest, pad = layout.lowest_value, layout.id_pad
-        ids = []
+        ids: list[bytes] = []
         for cursor, (table_key, lead) in lookups:
+            before = len(ids)
             if cursor.set_range_dup(table_key, lead or lowest) and cursor.value().startswith(lead):
                 width = len(lead)
                 for value in cursor.iternext_dup(keys=False, values=True):
                     if not value.startswith(lead):
                         break
                     ids.append(pad + value[width:])
+            if counts is not None:
+                counts.append(len(ids) - before)
         return ids
 
     def _candidates(self, keys: Sequence[bytes]) -> set[bytes]:
@@ -465,54 +482,71 @@ class ReadTxn:
         cache = self._store._band_cache
         return None if cache is None else cache.ready_for(self.txn)
 
-    def _cached_records(self, ids: npt.NDArray[np.uint64]) -> list[tuple[bytes, bytes]]:
-        """``(id, record)`` of the band cache's candidates ``ids`` that this snapshot
-        holds (the cache also keeps removed documents and may know newer ones)."""
+    def _cached_records(self, ids: npt.NDArray[np.uint64]) -> dict[bytes, bytes]:
+        """The records, by id, of the band cache's candidates ``ids`` (distinct) that this
+        snapshot holds (the cache also keeps removed documents and may know newer ones)."""
         txn, docs = self.txn, self._store._docs_db
-        found = []
-        for doc_id in map(codec.encode_id, set(ids.tolist())):
+        found = {}
+        for doc_id in codec.encode_ids(ids):
             record = txn.get(doc_id, db=docs)
             if record is not None:
-                found.append((doc_id, record))
+                found[doc_id] = record
         return found
 
-    def _candidate_sets(
+    def _candidate_pairs(
         self, sigs: npt.NDArray[np.uint32]
-    ) -> tuple[list[set[bytes]], dict[bytes, bytes]]:
-        """Candidate ids of each of ``sigs``, and the records already read on the way:
-        from the band cache when it can answer for this snapshot (which reads each
-        candidate's record to drop those the snapshot lacks), else from the band tables
-        (each distinct bucket read once, no records)."""
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.uint64], dict[bytes, bytes]]:
+        """Each ``(query, candidate id)`` pair of ``sigs`` once, as two arrays, and the
+        records already read on the way: from the band cache when it can answer for this
+        snapshot (which reads each candidate's record to drop those the snapshot lacks),
+        else from the band tables (each distinct bucket read once, no records)."""
         cache = self._band_cache()
         if cache is None:
             store = self._store
             keys = band_keys(sigs, store.banding, store.config.seed)
-            return self._candidates_many(keys), {}
-        ids, ends = cache.candidates(sigs)
-        records = dict(self._cached_records(ids)) if len(ids) else {}
-        raw = ids.astype(">u8").tobytes()
-        found = [raw[i : i + 8] for i in range(0, len(raw), 8)]
-        starts = [0, *ends.tolist()]
-        sets = [records.keys() & found[lo:hi] for lo, hi in itertools.pairwise(starts)]
-        return sets, records
+            askers, ids = self._candidates_many(keys)
+            records: dict[bytes, bytes] = {}
+        else:
+            ids, ends = cache.candidates(sigs)
+            askers = np.repeat(np.arange(len(sigs)), np.diff(ends.astype(np.intp), prepend=0))
+            distinct = np.unique(ids)
+            records = self._cached_records(distinct)
+            if len(records) < len(distinct):
+                held = np.frombuffer(b"".join(records), ">u8").astype(np.uint64)
+                present = np.isin(ids, held)
+                askers, ids = askers[present], ids[present]
+        return *_distinct_pairs(askers, ids), records
 
-    def _candidates_many(self, keys: npt.NDArray[np.uint64]) -> list[set[bytes]]:
-        """Candidate ids of many queries (one row of band keys each), each distinct bucket
-        of a batch read once, in table order through the band's one cursor."""
-        found: list[set[bytes]] = [set() for _ in range(len(keys))]
+    def _candidates_many(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.uint64]]:
+        """``(query, candidate id)`` pairs of many queries (one row of band keys each),
+        perhaps repeated: each distinct bucket of a band read once, in table order through
+        the band's one cursor (neighbouring lookups share pages), and handed to every
+        query that has it by numpy, not by a container per query."""
         layout = self._store._band_layout
+        askers: list[npt.NDArray[np.intp]] = []
+        found: list[npt.NDArray[np.uint64]] = []
         for band in range(keys.shape[1]):
-            askers: dict[tuple[bytes, bytes], list[int]] = {}
-            for query, bucket in enumerate(layout.buckets(keys[:, band])):
-                askers.setdefault(bucket, []).append(query)
+            _, first, bucket_of = np.unique(
+                layout.kept(keys[:, band]), return_index=True, return_inverse=True
+            )
             cursor = self._band_cursor(band)
-            # Sorted buckets walk the table in order, so neighbouring lookups share pages.
-            for bucket in sorted(askers):
-                ids = self._bucket_ids(((cursor, bucket),))
-                if ids:
-                    for query in askers[bucket]:
-                        found[query].update(ids)
-        return found
+            counts: list[int] = []
+            ids = self._bucket_ids(
+                ((cursor, bucket) for bucket in layout.buckets(keys[first, band])), counts
+            )
+            if not ids:
+                continue
+            # Each query's bucket's ids: where they start among ``ids``, and how many.
+            starts = (np.cumsum(counts) - counts)[bucket_of]
+            sizes = np.array(counts, dtype=np.intp)[bucket_of]
+            taken = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
+            askers.append(np.repeat(np.arange(len(keys)), sizes))
+            found.append(np.frombuffer(b"".join(ids), ">u8")[taken])
+        if not found:
+            return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.uint64)
+        return np.concatenate(askers), np.concatenate(found).astype(np.uint64)
 
     def _live_records(
         self, ids: Iterable[bytes], records: dict[bytes, bytes] | None = None
@@ -569,17 +603,54 @@ class ReadTxn:
         raw, is_str = codec.record_key(record, codec.decode_id(doc_id))
         return raw.decode("utf-8") if is_str else raw
 
-    def _to_matches(
-        self, scored: list[tuple[bytes, float]], limit: int | None, records: dict[bytes, bytes]
-    ) -> list[Match]:
-        scored.sort(key=lambda item: (-item[1], item[0]))
-        if limit is not None:
-            scored = scored[:limit]
-        return [Match(self._key_of(doc_id, records), score) for doc_id, score in scored]
-
 
 _EXACT_CHUNK = 1000  # queries per batch of exact re-verification
 _PAIRS_PER_COMPARISON = 8192  # (query, candidate) pairs compared at once: 8 MB at 256 values
+
+
+class _Scored(NamedTuple):
+    """The hits of a batch query: ``(query, row, score)`` as three arrays, by query, then
+    score descending, then id; ``ids[row]`` is the stored document's id, ``records`` holds
+    the records read on the way (by id)."""
+
+    queries: npt.NDArray[np.intp]
+    rows: npt.NDArray[np.intp]
+    scores: npt.NDArray[np.float64]
+    ids: list[bytes]
+    records: dict[bytes, bytes]
+
+    @classmethod
+    def nothing(cls, records: dict[bytes, bytes]) -> _Scored:
+        empty = np.empty(0, dtype=np.intp)
+        return cls(empty, empty, np.empty(0), [], records)
+
+    def hits(self) -> Iterator[tuple[int, bytes, float]]:
+        """``(query, id, score)`` of every hit, in order."""
+        ids = self.ids
+        for query, row, score in zip(
+            self.queries.tolist(), self.rows.tolist(), self.scores.tolist(), strict=True
+        ):
+            yield query, ids[row], score
+
+    def by_query(self, count: int) -> list[Sequence[tuple[bytes, float]]]:
+        """``(id, score)`` of each of ``count`` queries' hits (an empty tuple if none)."""
+        grouped: list[Sequence[tuple[bytes, float]]] = [()] * count
+        for query, doc_id, score in self.hits():
+            if not grouped[query]:
+                grouped[query] = []
+            grouped[query].append((doc_id, score))  # type: ignore[union-attr]
+        return grouped
+
+
+def _distinct_pairs(
+    askers: npt.NDArray[np.intp], ids: npt.NDArray[np.uint64]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.uint64]]:
+    """The distinct ``(query, id)`` pairs, by query then id."""
+    order = np.lexsort((ids, askers))
+    askers, ids = askers[order], ids[order]
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = (askers[1:] != askers[:-1]) | (ids[1:] != ids[:-1])
+    return askers[first], ids[first]
 
 
 def _check_limit(limit: int | None) -> int | None:
@@ -1081,7 +1152,8 @@ class WriteTxn(ReadTxn):
         them in. Matches sort by score, then id; the batch's documents get ids above
         every stored one, in the order they are added.
         """
-        stored, records = self._scored_many(batch.signatures, threshold)
+        hits = self._scored_many(batch.signatures, threshold)
+        stored, records = hits.by_query(len(batch.signatures)), hits.records
         kept = self._store._band_layout.kept(batch.band_keys)
         shared = _shares_a_bucket(kept)
         buckets: list[dict[int, list[int]]] = [{} for _ in range(self._store.banding.bands)]

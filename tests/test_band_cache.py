@@ -81,9 +81,9 @@ def band_lookups() -> Iterator[list[int]]:
     calls = [0]
     original = ReadTxn._bucket_ids
 
-    def counted(self: ReadTxn, lookups: Any) -> list[bytes]:
+    def counted(self: ReadTxn, lookups: Any, counts: list[int] | None = None) -> list[bytes]:
         calls[0] += 1
-        return original(self, lookups)
+        return original(self, lookups, counts)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ReadTxn, "_bucket_ids", counted)

@@ -1003,6 +1003,42 @@ def test_removed_documents_leave_every_answer_at_once_and_the_band_tables_at_a_p
         assert store.purge() == 0
 
 
+@pytest.mark.parametrize("band_cache", [False, True])
+def test_a_large_batch_answers_as_the_signatures_do_however_its_queries_share_buckets(
+    store_path: Path, band_cache: bool
+) -> None:
+    """A batch hands each bucket's ids to every query that has the bucket as arrays of
+    (query, id) pairs: twins share their buckets, some queries come twice, many match
+    nothing, and some of the stored documents are removed and await a purge. Its answers,
+    threshold and limit applied, are the brute-force ones, through LMDB and the cache."""
+    rng = np.random.default_rng(17)
+    bases, copies = near_twins(rng, 400)
+    items = [
+        (f"{side}{i}", sigs[i]) for i in range(400) for side, sigs in (("a", bases), ("b", copies))
+    ]
+    fresh = rng.integers(0, 2**32, size=(300, PARAMS["num_perm"]), dtype=np.uint32)
+    queries = np.concatenate([bases[:250], copies[150:], bases[:60], fresh])
+    rng.shuffle(queries)
+    doomed = [f"a{i}" for i in range(0, 400, 7)]
+    live = {key: sig for key, sig in items if key not in doomed}
+    with Store.open(store_path, create=True, band_cache=band_cache, **PARAMS) as store:
+        store.add_signatures(items)
+        store.remove_many(doomed)
+        with store.read() as txn:
+            assert txn.awaiting_purge() == len(doomed)
+        for threshold, limit in ((0.7, None), (0.7, 1), (0.95, 3)):
+
+            def ask(threshold: float = threshold, limit: int | None = limit) -> list[Any]:
+                with store.read() as txn:
+                    found = txn.query_many(signatures=queries, threshold=threshold, limit=limit)
+                return [[(m.key, m.score) for m in matches] for matches in found]
+
+            answers = cached_and_direct(store, ask) if band_cache else (ask(), ask())
+            expected = [found[:limit] for found in expected_answers(live, queries, threshold)]
+            assert answers[0] == answers[1] == expected
+            assert sum(map(len, expected)) > len(queries) // 2  # most queries have matches
+
+
 def test_a_transaction_purges_the_lowest_ids_first_up_to_its_limit(store: Store) -> None:
     bases, _ = near_twins(np.random.default_rng(6), 10)
     store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(bases)])

@@ -398,9 +398,9 @@ def test_batches_read_each_candidate_record_once(tmp_path: Path, band_cache: boo
             reads.extend(i for i in ids if records is None or i not in records)
             return original_live(self, ids, records)
 
-        def cached(self: ReadTxn, ids: Any) -> list[tuple[bytes, bytes]]:
+        def cached(self: ReadTxn, ids: Any) -> dict[bytes, bytes]:
             found = original_cached(self, ids)
-            reads.extend(doc_id for doc_id, _ in found)
+            reads.extend(found)
             return found
 
         with pytest.MonkeyPatch.context() as patch:
