@@ -346,6 +346,8 @@ class ReadTxn:
             stays = alive[rows]
             askers, rows = askers[stays], (np.cumsum(alive) - 1)[rows[stays]]
             wanted = [doc_id for doc_id, _ in live]
+            if not live:
+                return _Scored.nothing(records)
         stored = codec.decode_signatures(live, self._store.config.num_perm)
         num_perm = stored.shape[1]
         parts = []

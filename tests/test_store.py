@@ -1039,6 +1039,20 @@ def test_a_large_batch_answers_as_the_signatures_do_however_its_queries_share_bu
             assert sum(map(len, expected)) > len(queries) // 2  # most queries have matches
 
 
+@pytest.mark.parametrize("band_cache", [False, True])
+def test_a_batch_whose_every_candidate_awaits_a_purge_finds_nothing(
+    store_path: Path, band_cache: bool
+) -> None:
+    bases, copies = near_twins(np.random.default_rng(19), 3)
+    with Store.open(store_path, create=True, band_cache=band_cache, **PARAMS) as store:
+        store.add_signatures([(f"a{i}", sig) for i, sig in enumerate(bases)])
+        store.remove_many(["a0", "a1", "a2"])
+        with store.read() as txn:
+            assert txn.awaiting_purge() == 3
+            assert txn.query_many(signatures=np.concatenate([bases, copies])) == [[]] * 6
+            assert txn.query_many(signatures=bases, threshold=0.5, limit=1) == [[]] * 3
+
+
 def test_a_transaction_purges_the_lowest_ids_first_up_to_its_limit(store: Store) -> None:
     bases, _ = near_twins(np.random.default_rng(6), 10)
     store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(bases)])
