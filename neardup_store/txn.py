@@ -374,7 +374,8 @@ class ReadTxn:
             found = self._live_records(self._candidates_of(sig))
         else:
             ids, _ = cache.candidates(sig[None, :])
-            found = self._cached_records(np.unique(ids)).items() if len(ids) else ()
+            distinct = map(codec.encode_id, set(ids.tolist()))
+            found = self._cached_records(distinct).items() if len(ids) else ()
         if not found:
             return []
         num_perm = len(sig)
@@ -484,12 +485,13 @@ class ReadTxn:
         cache = self._store._band_cache
         return None if cache is None else cache.ready_for(self.txn)
 
-    def _cached_records(self, ids: npt.NDArray[np.uint64]) -> dict[bytes, bytes]:
-        """The records, by id, of the band cache's candidates ``ids`` (distinct) that this
-        snapshot holds (the cache also keeps removed documents and may know newer ones)."""
+    def _cached_records(self, ids: Iterable[bytes]) -> dict[bytes, bytes]:
+        """The records, by id, of the band cache's candidates ``ids`` (distinct, encoded)
+        that this snapshot holds (the cache also keeps removed documents and may know
+        newer ones)."""
         txn, docs = self.txn, self._store._docs_db
         found = {}
-        for doc_id in codec.encode_ids(ids):
+        for doc_id in ids:
             record = txn.get(doc_id, db=docs)
             if record is not None:
                 found[doc_id] = record
@@ -512,7 +514,7 @@ class ReadTxn:
             ids, ends = cache.candidates(sigs)
             askers = np.repeat(np.arange(len(sigs)), np.diff(ends.astype(np.intp), prepend=0))
             distinct = np.unique(ids)
-            records = self._cached_records(distinct)
+            records = self._cached_records(codec.encode_ids(distinct))
             if len(records) < len(distinct):
                 held = np.frombuffer(b"".join(records), ">u8").astype(np.uint64)
                 present = np.isin(ids, held)
