@@ -341,13 +341,13 @@ class ReadTxn:
         # the batch share it; all (query, candidate) pairs are then one comparison.
         live = self._live_records(wanted, records)
         if len(live) < len(wanted):  # removed documents whose band entries await a purge
+            if not live:
+                return _Scored.nothing(records)
             kept = {doc_id for doc_id, _ in live}
             alive = np.fromiter((doc_id in kept for doc_id in wanted), bool, len(wanted))
             stays = alive[rows]
             askers, rows = askers[stays], (np.cumsum(alive) - 1)[rows[stays]]
             wanted = [doc_id for doc_id, _ in live]
-            if not live:
-                return _Scored.nothing(records)
         stored = codec.decode_signatures(live, self._store.config.num_perm)
         num_perm = stored.shape[1]
         parts = []
