@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 from harness import LineDrivenProcess, band_table_entry, kept_band_key, raw_dump
+from test_format import rewrite_as_old_format
 
 from neardup_store import codec, integrity, maintenance
 from neardup_store.clusters import duplicate_groups, verified_pairs
@@ -452,6 +453,40 @@ def test_check_finds_a_corrupt_record_without_failing_itself(store: Store) -> No
         assert violation.doc_id == codec.decode_id(_doc_id_open(damaged, "doc-0010"))
         with pytest.raises(CorruptRecordError):
             damaged.get("doc-0010")
+
+
+@pytest.mark.parametrize("format_version", [4, 5])
+def test_a_damaged_record_stops_a_removal_or_purge_before_anything_is_deleted(
+    store: Store, format_version: int
+) -> None:
+    """The band entries a removal (formats 1 to 4) or a purge (format 5) deletes are
+    computed from the records, every record verified first: a damaged one raises
+    before the first delete, so the transaction is still whole and usable. The caller
+    can go on in it and commit, and nothing of the refused operation is committed."""
+    path = store.path
+    store.close()
+    doomed = ["doc-0003", "doc-0010", "doc-0020"]
+    if format_version == 4:
+        rewrite_as_old_format(path, 4)
+        _flipped_byte(path)  # doc-0010, still stored
+    else:
+        with Store.open(path) as opened:
+            opened.remove_many([doomed[0], doomed[2]])
+        _flipped_byte_of_a_removed_record(path)  # doc-0014, removed, awaiting a purge
+    with Store.open(path) as damaged:
+        documents, entries = len(damaged), [b.entries for b in damaged.stats().bands]
+        with damaged.write() as txn:
+            awaiting = txn.awaiting_purge()
+            refused = (lambda: txn.remove_many(doomed)) if format_version == 4 else txn.purge
+            with pytest.raises(CorruptRecordError):
+                refused()
+            assert txn.remove("doc-0050")  # the transaction goes on, and commits
+        assert len(damaged) == documents - 1 and "doc-0050" not in damaged
+        stats = damaged.stats()
+        assert stats.awaiting_purge == awaiting + (format_version == 5)
+        assert [b.entries for b in stats.bands] == [e - (format_version == 4) for e in entries]
+        if format_version == 4:
+            assert all(key in damaged for key in doomed)
 
 
 def _doc_id_open(store: Store, key: str) -> bytes:
