@@ -320,7 +320,7 @@ class BandCache:
         sigs = np.empty((len(records), num_perm), dtype=np.uint32)
         ok = np.empty(len(records), dtype=np.bool_)
         _loops().signatures(buf, starts, num_perm, sigs, ok)
-        doc_ids = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
+        doc_ids = codec.decode_ids(ids)
         tables = tables.grown(tables.entries + self._store.banding.bands * int(ok.sum()))
         added = _loops().insert(tables.table, self.kept(sigs[ok]), doc_ids[ok])
         tables.entries += added

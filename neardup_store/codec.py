@@ -105,7 +105,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,6 +325,11 @@ def decode_id(raw: bytes) -> int:
 def encode_ids(doc_ids: npt.NDArray[np.uint64]) -> list[bytes]:
     """:func:`encode_id` of each of ``doc_ids``, in one step."""
     return band_key_bytes(doc_ids)
+
+
+def decode_ids(raw_ids: Iterable[bytes]) -> npt.NDArray[np.uint64]:
+    """:func:`decode_id` of each of ``raw_ids`` (8-byte big-endian ids), as one array."""
+    return np.frombuffer(b"".join(raw_ids), dtype=">u8").astype(np.uint64)
 
 
 def encode_band_keys(keys: npt.NDArray[np.uint64]) -> list[bytes]:

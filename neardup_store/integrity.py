@@ -436,7 +436,7 @@ def _fill_bands(
 ) -> None:
     """Put every document of a batch into its bucket of every band (repair and rebuild)."""
     keys = band_keys(sigs, banding, seed)
-    id_values = np.frombuffer(b"".join(ids), dtype=">u8").astype(np.uint64)
+    id_values = codec.decode_ids(ids)
     for band, db in enumerate(band_dbs):
         with txn.cursor(db=db) as cursor:
             cursor.putmulti(layout.entries(keys[:, band], id_values), dupdata=True)

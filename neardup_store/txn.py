@@ -343,8 +343,7 @@ class ReadTxn:
         if len(live) < len(wanted):  # removed documents whose band entries await a purge
             if not live:
                 return _Scored.nothing(records)
-            kept = {doc_id for doc_id, _ in live}
-            alive = np.fromiter((doc_id in kept for doc_id in wanted), bool, len(wanted))
+            alive = np.fromiter((doc_id in records for doc_id in wanted), bool, len(wanted))
             stays = alive[rows]
             askers, rows = askers[stays], (np.cumsum(alive) - 1)[rows[stays]]
             wanted = [doc_id for doc_id, _ in live]
@@ -516,8 +515,7 @@ class ReadTxn:
             distinct = np.unique(ids)
             records = self._cached_records(codec.encode_ids(distinct))
             if len(records) < len(distinct):
-                held = np.frombuffer(b"".join(records), ">u8").astype(np.uint64)
-                present = np.isin(ids, held)
+                present = np.isin(ids, codec.decode_ids(records))
                 askers, ids = askers[present], ids[present]
         return *_distinct_pairs(askers, ids), records
 
@@ -547,10 +545,10 @@ class ReadTxn:
             sizes = np.array(counts, dtype=np.intp)[bucket_of]
             taken = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
             askers.append(np.repeat(np.arange(len(keys)), sizes))
-            found.append(np.frombuffer(b"".join(ids), ">u8")[taken])
+            found.append(codec.decode_ids(ids)[taken])
         if not found:
             return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.uint64)
-        return np.concatenate(askers), np.concatenate(found).astype(np.uint64)
+        return np.concatenate(askers), np.concatenate(found)
 
     def _live_records(
         self, ids: Iterable[bytes], records: dict[bytes, bytes] | None = None
@@ -875,7 +873,7 @@ class WriteTxn(ReadTxn):
         store = self._store
         sigs = codec.decode_signatures(rows, store.config.num_perm)
         keys = band_keys(sigs, store.banding, store.config.seed)
-        id_values = np.frombuffer(b"".join(i for i, _ in rows), dtype=">u8").astype(np.uint64)
+        id_values = codec.decode_ids(doc_id for doc_id, _ in rows)
         layout = store._band_layout
         return [layout.entries(keys[:, band], id_values) for band in range(keys.shape[1])]
 
