@@ -5,7 +5,7 @@
     python tools/profile_store.py query --documents 1000000
     python tools/profile_store.py size --documents 200000
     python tools/profile_store.py phases --documents 1000000
-    python tools/profile_store.py transactions --documents 10000000
+    python tools/profile_store.py transactions --documents 10000000 [--perf-control FIFO]
     python tools/profile_store.py purge --documents 1000000 --sizes 20000,100000
     python tools/profile_store.py idle --documents 1000000
 
@@ -31,8 +31,10 @@ temporary directory:
   which also holds the free pages copy-on-write leaves;
 * ``transactions`` adds one transaction each of ``--sizes`` documents (default: the
   store's ``transaction_size()``, 500k and a tenth of the store), twice in turn, with
-  docs/s and the growth of the process's peak memory (Linux ``VmHWM``, reset before
-  each) during the transaction;
+  docs/s, the growth of the process's peak memory (Linux ``VmHWM``, reset before each)
+  during the transaction, and per document its CPU time, minor page faults and bytes
+  written; with ``--perf-control FIFO`` it enables a ``perf record -D -1 --control
+  fifo:FIFO`` only while a transaction runs (``tools/perf_breakdown.py`` reads it);
 * ``purge`` alternates, on one store, removals that delete their band entries in their
   own transaction (the path of format 4 stores, taken by hiding the ``removed`` table)
   with removals that leave them followed by a purge of the same documents, for each of
@@ -56,7 +58,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +101,11 @@ def _status_mib(field: str) -> int:
 
 
 def transactions(
-    store: Store, documents: int, rng: np.random.Generator, sizes: Sequence[int] = ()
+    store: Store,
+    documents: int,
+    rng: np.random.Generator,
+    sizes: Sequence[int] = (),
+    perf_control: Path | None = None,
 ) -> None:
     sizes = sizes or (store.transaction_size(), 500_000, documents // 10)
     added = documents
@@ -107,13 +114,56 @@ def transactions(
         items = [(f"x{added + i}", sig) for i, sig in enumerate(sigs)]
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current size
         before = _status_mib("VmRSS")
-        start = time.perf_counter()
-        store.add_signatures(items, batch_size=None)
-        seconds = time.perf_counter() - start
+        with _perf_enabled(perf_control), _Usage(size) as usage:
+            store.add_signatures(items, batch_size=None)
         growth = _status_mib("VmHWM") - before
-        rate = size / seconds
-        print(f"at {added}: {size} per transaction, {rate:.0f} docs/s, peak +{growth} MiB")
+        rate = size / usage.wall
+        print(f"at {added}: {size} per transaction, {rate:.0f} docs/s, {usage}, peak +{growth} MiB")
         added += size
+
+
+@contextmanager
+def _perf_enabled(control: Path | None) -> Iterator[None]:
+    """Counts ``perf record -D -1 --control fifo:CONTROL`` samples only inside the block."""
+    if control is not None:
+        control.write_text("enable\n")
+    try:
+        yield
+    finally:
+        if control is not None:
+            control.write_text("disable\n")
+
+
+class _Usage:
+    """What a block cost this process, per document: wall, user and system CPU time (µs),
+    minor page faults, and KB handed to ``write`` calls (``wchar``: LMDB writes a
+    transaction's copied pages at commit)."""
+
+    def __init__(self, documents: int) -> None:
+        self.documents = documents
+
+    @staticmethod
+    def _now() -> tuple[float, resource.struct_rusage, int]:
+        written = Path("/proc/self/io").read_text().split("wchar: ")[1].split()[0]
+        return time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF), int(written)
+
+    def __enter__(self) -> _Usage:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        (t0, r0, w0), (t1, r1, w1) = self._start, self._now()
+        self.wall = t1 - t0
+        per = 1e6 / self.documents
+        self.figures = (
+            f"wall {self.wall * per:.1f}, user {(r1.ru_utime - r0.ru_utime) * per:.1f}, "
+            f"system {(r1.ru_stime - r0.ru_stime) * per:.1f} µs/doc, "
+            f"{(r1.ru_minflt - r0.ru_minflt) / self.documents:.2f} minor faults/doc, "
+            f"{(w1 - w0) / self.documents / 1024:.2f} KB written/doc"
+        )
+
+    def __str__(self) -> str:
+        return self.figures
 
 
 def profiled(run: Callable[[], object], lines: int = 15) -> float:
@@ -425,6 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--auto", action="store_true",
         help='build the store with batch_size="auto" (as the benchmark) for every command',
     )  # fmt: skip
+    parser.add_argument(
+        "--perf-control", type=Path, metavar="FIFO",
+        help="transactions: enable a 'perf record -D -1 --control fifo:FIFO' only while"
+        " a timed transaction runs",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
     rng = np.random.default_rng(args.seed)
@@ -434,7 +489,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "query": query,
         "size": size,
         "phases": lambda store, n, rng: phases(store, n, rng, args.sizes),
-        "transactions": lambda store, n, rng: transactions(store, n, rng, args.sizes),
+        "transactions": lambda store, n, rng: transactions(
+            store, n, rng, args.sizes, args.perf_control
+        ),
         "purge": lambda store, n, rng: eager_or_purge(store, n, rng, args.sizes),
         "idle": lambda store, n, rng: idle(store, n, rng, args.sizes),
     }[args.what]
