@@ -345,6 +345,9 @@ def phases(
         added += size
     keys = [f"d{i}" for i in rng.permutation(added)]
     for size in (10_000, 50_000, 100_000) * 3:
+        if len(keys) < size:
+            print(f"stopped: {len(keys)} documents left, fewer than the {size} to remove")
+            break
         chosen, keys = keys[:size], keys[size:]
         clock = Clock(f"remove {size} at {added}", size)
         with store.write() as txn:
@@ -373,7 +376,7 @@ def phases(
             clock.step("read records")
             sigs = codec.decode_signatures(rows, store.config.num_perm)
             keys_of = band_keys(sigs, store.banding, store.config.seed)
-            id_values = np.frombuffer(b"".join(i for i, _ in rows), dtype=">u8").astype(np.uint64)
+            id_values = codec.decode_ids(i for i, _ in rows)
             entries = [list(layout.entries(keys_of[:, b], id_values)) for b in range(bands)]
             clock.step("band entries")
             with txn._writing():
@@ -384,7 +387,6 @@ def phases(
                 clock.step("removed deletes")
         clock.step("commit")
         clock.print()
-        added -= size
 
 
 def eager_or_purge(
