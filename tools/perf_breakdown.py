@@ -4,7 +4,7 @@
     taskset -c 1 perf record -F 1999 -D -1 --control fifo:/tmp/ctl -o 10m.data \\
         python tools/profile_store.py transactions --documents 10000000 \\
         --sizes 131072 --perf-control /tmp/ctl
-    python tools/perf_breakdown.py 100k.data=6.6 1m.data=9.4 10m.data=20.0
+    python tools/perf_breakdown.py 100k.data=8.0 1m.data=11.6 10m.data=28.5
 
 Each argument is a ``perf.data`` file and the wall time per document its samples cover
 (``profile_store.py transactions`` prints it; with several timed transactions, their
