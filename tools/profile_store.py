@@ -5,7 +5,7 @@
     python tools/profile_store.py query --documents 1000000
     python tools/profile_store.py size --documents 200000
     python tools/profile_store.py phases --documents 1000000
-    python tools/profile_store.py transactions --documents 10000000 [--perf-control FIFO]
+    python tools/profile_store.py transactions --documents 10000000
     python tools/profile_store.py purge --documents 1000000 --sizes 20000,100000
     python tools/profile_store.py idle --documents 1000000
 
@@ -38,7 +38,8 @@ temporary directory:
 * ``purge`` alternates, on one store, removals that delete their band entries in their
   own transaction (the path of format 4 stores, taken by hiding the ``removed`` table)
   with removals that leave them followed by a purge of the same documents, for each of
-  ``--sizes`` (default 20k and 100k) documents per transaction, four rounds each;
+  ``--sizes`` (default 20k and 100k) documents per transaction, four rounds each, with
+  each purge's CPU time, faults and bytes written (``--perf-control`` samples them);
 * ``idle`` reads every page of the store's tables, then times ``ReadTxn.get`` of 2000
   random keys never read since, at once and after each of ``--sizes`` more seconds of
   sleep (default 20, 40 and 60), with the page faults of each round: what the first
@@ -390,10 +391,15 @@ def phases(
 
 
 def eager_or_purge(
-    store: Store, documents: int, rng: np.random.Generator, sizes: Sequence[int]
+    store: Store,
+    documents: int,
+    rng: np.random.Generator,
+    sizes: Sequence[int],
+    perf_control: Path | None = None,
 ) -> None:
     """Removal rates, docs/s: deleting band entries at once against leaving them for a
-    purge of the same documents, alternated on one store (medians of four rounds)."""
+    purge of the same documents, alternated on one store (medians of four rounds); a
+    ``perf record`` on ``perf_control`` samples the purges alone."""
     removed_db = store._removed_db
     store_module.PURGE_FRACTION = float("inf")  # each round purges its own removals
     left = [f"d{i}" for i in rng.permutation(documents)]
@@ -410,9 +416,10 @@ def eager_or_purge(
                 if eager:
                     rates["eager"].append(size / removing)
                     continue
-                start = time.perf_counter()
-                store.purge(batch_size=None)
-                purging = time.perf_counter() - start
+                with _perf_enabled(perf_control), _Usage(size) as usage:
+                    store.purge(batch_size=None)
+                purging = usage.wall
+                print(f"  purge of {size}: {usage}")
                 rates["removal"].append(size / removing)
                 rates["purge"].append(size / purging)
                 rates["both"].append(size / (removing + purging))
@@ -479,8 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--perf-control", type=Path, metavar="FIFO",
-        help="transactions: enable a 'perf record -D -1 --control fifo:FIFO' only while"
-        " a timed transaction runs",
+        help="transactions, purge: enable a 'perf record -D -1 --control fifo:FIFO' only"
+        " while a timed transaction (purge) runs",
     )  # fmt: skip
     args = parser.parse_args(argv)
     documents = args.documents - args.documents % BATCH
@@ -494,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "transactions": lambda store, n, rng: transactions(
             store, n, rng, args.sizes, args.perf_control
         ),
-        "purge": lambda store, n, rng: eager_or_purge(store, n, rng, args.sizes),
+        "purge": lambda store, n, rng: eager_or_purge(store, n, rng, args.sizes, args.perf_control),
         "idle": lambda store, n, rng: idle(store, n, rng, args.sizes),
     }[args.what]
     auto = args.auto or args.what in ("transactions", "purge", "idle")
