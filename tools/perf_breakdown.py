@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     walls = {path: float(us) for path, us in (item.rsplit("=", 1) for item in args.profiles)}
     found = {path: shares(path) for path in walls}
-    last = found[args.profiles[-1].rsplit("=", 1)[0]]
+    last = list(found.values())[-1]  # rows in the order of the largest store's
     layers = sorted({name for counts in found.values() for name in counts}, key=lambda n: -last[n])
     print("| layer | " + " | ".join(walls) + " |")
     print("|---|" + "---:|" * len(walls))
