@@ -379,6 +379,20 @@ def key_index(raw: bytes, is_str: bool) -> bytes:
     return (b"S" if is_str else b"B") + hashlib.sha256(raw).digest()
 
 
+def key_of_index(index: bytes) -> str | bytes | None:
+    """The external key a ``keys`` table key holds (``None`` for a long key, which only
+    its hash names): how a damaged record can still be named by its key."""
+    tag, raw = index[:1], index[1:]
+    if tag == b"b":
+        return raw
+    if tag == b"s":
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
 def pack_metadata(metadata: object) -> bytes | None:
     """Validate and encode user metadata (msgpack, at most 64 KiB); ``None`` stays ``None``.
 

@@ -21,55 +21,88 @@ class InvalidParameterError(NeardupError, ValueError):
         self.name, self.value, self.expected = name, value, expected
 
 
-class InputTypeError(NeardupError, TypeError):
+class DocumentError(NeardupError):
+    """An error about one document of a call; ``index`` is its position among the call's
+    documents (``None`` for a call that takes one). The message is made from the
+    attributes when shown, so a batched call can place ``index`` in the whole call."""
+
+    index: int | None
+
+    def __str__(self) -> str:
+        return self._describe()
+
+    def _where(self, batched: str, single: str = "the document") -> str:
+        return single if self.index is None else batched.format(self.index)
+
+    def _describe(self) -> str:
+        raise NotImplementedError
+
+
+class InputTypeError(DocumentError, TypeError):
     """A document is not text (for example ``bytes`` without an encoding, or ``None``)."""
 
     def __init__(self, value: object, index: int | None = None) -> None:
-        where = "" if index is None else f" (document #{index})"
-        hint = (
-            "decode it first or pass encoding='utf-8' (or the right codec)"
-            if isinstance(value, (bytes, bytearray, memoryview))
-            else "pass a str"
-        )
-        super().__init__(f"expected a str document{where}, got {type(value).__name__}; {hint}")
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            self.hint = "decode it first or pass encoding='utf-8' (or the right codec)"
+        elif hasattr(value, "__array__"):
+            self.hint = "for a signature, pass it as signature= (signatures= for a batch)"
+        else:
+            self.hint = "pass a str"
         self.value_type, self.index = type(value), index
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = self._where(" (document #{})", "")
+        return f"expected a str document{where}, got {self.value_type.__name__}; {self.hint}"
 
 
 class BatchTypeError(NeardupError, TypeError):
-    """A batch call got something other than an iterable of documents (often one str)."""
+    """A batch call got something other than an iterable of its items (often one str,
+    which would otherwise be taken as one item per character)."""
 
-    def __init__(self, value: object) -> None:
+    def __init__(
+        self,
+        value: object,
+        items: str = "documents",
+        single: str = "signature() / hash_document()",
+    ) -> None:
         hint = (
-            "for one document call signature() / hash_document(), or wrap it in a list"
+            f"for one, call {single}, or wrap it in a list"
             if isinstance(value, (str, bytes, bytearray, memoryview))
-            else "pass a list (or any iterable) of documents"
+            else f"pass a list (or any iterable) of {items}"
         )
-        super().__init__(f"expected an iterable of documents, got {type(value).__name__}; {hint}")
+        super().__init__(f"expected an iterable of {items}, got {type(value).__name__}; {hint}")
         self.value_type = type(value)
 
 
-class TextDecodeError(NeardupError, ValueError):
+class TextDecodeError(DocumentError, ValueError):
     """Bytes given with an explicit encoding are not valid in that encoding."""
 
     def __init__(self, encoding: str, reason: str, index: int | None = None) -> None:
-        where = "" if index is None else f"document #{index}: "
-        super().__init__(
-            f"{where}bytes are not valid {encoding}: {reason}; "
+        self.encoding, self.reason, self.index = encoding, reason, index
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = self._where("document #{}: ", "")
+        return (
+            f"{where}bytes are not valid {self.encoding}: {self.reason}; "
             "pass the encoding the data was written in"
         )
-        self.encoding, self.reason, self.index = encoding, reason, index
 
 
-class EmptyDocumentError(NeardupError, ValueError):
+class EmptyDocumentError(DocumentError, ValueError):
     """A document has no shingles: empty after normalisation, or (word kinds) no words."""
 
     def __init__(self, index: int | None = None) -> None:
-        where = "the document" if index is None else f"document #{index}"
-        super().__init__(
-            f"{where} is empty after normalisation and has no shingles; drop it, or "
-            "create the configuration with allow_empty=True to give it the empty signature"
-        )
         self.index = index
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        return (
+            f"{self._where('document #{}')} is empty after normalisation and has no shingles; "
+            "drop it (a store indexes empty ones only if created with "
+            "shingles=ShingleConfig(allow_empty=True))"
+        )
 
 
 # -- store errors ---------------------------------------------------------------------------
@@ -214,11 +247,13 @@ class StoreIOError(NeardupError, OSError):
 class StoreBusyError(NeardupError, RuntimeError):
     """An exclusive operation (such as compact) found other processes using the store."""
 
-    def __init__(self, path: str, operation: str) -> None:
-        super().__init__(
-            f"{path}: cannot {operation} while other processes have the store open; "
-            "close them and retry"
-        )
+    def __init__(
+        self,
+        path: str,
+        operation: str,
+        reason: str = "while other processes have the store open; close them and retry",
+    ) -> None:
+        super().__init__(f"{path}: cannot {operation} {reason}")
         self.path, self.operation = path, operation
 
 
@@ -276,8 +311,8 @@ class CorruptRecordError(NeardupError, ValueError):
     def __init__(self, doc_id: int | None, reason: str) -> None:
         where = "a record" if doc_id is None else f"document record #{doc_id}"
         super().__init__(
-            f"{where} is corrupt ({reason}); run `neardup-admin check` and restore from a "
-            "backup or export"
+            f"{where} is corrupt ({reason}); run `neardup-admin check`, which names its "
+            "key: remove that document, repair, and add it again, or restore from a backup"
         )
         self.doc_id, self.reason = doc_id, reason
 

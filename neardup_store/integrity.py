@@ -39,7 +39,7 @@ corruption trials (``tools/corruption_trials.py``) put there became a typed
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import lmdb
@@ -70,6 +70,7 @@ VIOLATION_KINDS: tuple[str, ...] = (
 )
 """Every ``Violation.kind``, with what it means."""
 
+_UNREADABLE = ("corrupt-record", "signature-length")  # kinds whose record cannot name its key
 _BATCH = 1024
 _BAND_FLAGS = lmdbfile.DUPSORT | lmdbfile.DUPFIXED
 
@@ -353,8 +354,9 @@ class _Checker:
         with self.txn.cursor(db=self.store._keys_db) as cursor:
             for index, value in cursor:
                 index, value = bytes(index), bytes(value)
-                if value in self.bad_ids:
-                    continue  # already reported with its record
+                if value in self.bad_ids:  # already reported with its record
+                    self.name_damaged(value, index)
+                    continue
                 record = self.txn.get(value, db=docs_db) if len(value) == 8 else None
                 if record is None:
                     self.add("key-orphan", f"keys entry {index!r} points to no record")
@@ -366,6 +368,20 @@ class _Checker:
                         f"keys entry {index!r} points to record {doc_id}, which has another key",
                         doc_id,
                     )
+
+    def name_damaged(self, raw_id: bytes, index: bytes) -> None:
+        """Add to a damaged record's violation the key its ``keys`` entry names, and what
+        to do: the record cannot say it, and removing the document needs the key."""
+        key = codec.key_of_index(index)
+        doc_id = codec.decode_id(raw_id) if len(raw_id) == 8 else None
+        advice = (
+            f"key {key!r}: remove it by that key, run check --repair, then add it again"
+            if key is not None
+            else "its key is too long to read back from the keys table; restore from a backup"
+        )
+        for i, violation in enumerate(self.found):
+            if violation.doc_id == doc_id and violation.kind in _UNREADABLE:
+                self.found[i] = replace(violation, detail=f"{violation.detail} ({advice})")
 
     def band_orphans(self, band: int, db: Any) -> None:
         split = self.store._band_layout.split

@@ -52,7 +52,12 @@ def _check_threshold(threshold: float) -> float:
         or not isinstance(threshold, (int, float))
         or not (0.0 < float(threshold) < 1.0)
     ):
-        raise InvalidParameterError("threshold", threshold, "a number strictly between 0 and 1")
+        raise InvalidParameterError(
+            "threshold",
+            threshold,
+            "a number strictly between 0 and 1 to choose bands and rows for"
+            " (a threshold of 1 needs bands= and rows= given)",
+        )
     return float(threshold)
 
 

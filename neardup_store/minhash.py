@@ -33,7 +33,7 @@ import numpy.typing as npt
 from . import kernels, streamed
 from .errors import InvalidParameterError
 from .hashing import U64, derive_keys, fmix64, high_bits_below
-from .text import ShingleBatch, ShingleConfig, Shingler, check_batch
+from .text import ShingleBatch, ShingleConfig, Shingler, check_batch, single_document
 
 Scheme = Literal["oph", "kperm"]
 SCHEMES: tuple[str, ...] = ("oph", "kperm")
@@ -147,7 +147,8 @@ class MinHasher:
 
     def signature(self, document: object, encoding: str | None = None) -> npt.NDArray[np.uint32]:
         """Signature of one document, shape ``(num_perm,)``."""
-        return self.signatures([document], encoding)[0]
+        with single_document():
+            return self.signatures([document], encoding)[0]
 
     def signatures(
         self, documents: Iterable[object], encoding: str | None = None

@@ -50,10 +50,12 @@ from ._version import __version__
 from .band_cache import BandCache
 from .errors import (
     CorruptStoreError,
+    DocumentError,
     ForkedStoreError,
     FormatVersionError,
     InvalidParameterError,
     KeyNotFoundError,
+    NeardupError,
     NotAStoreError,
     ParamsMismatchError,
     ReadOnlyError,
@@ -67,8 +69,11 @@ from .errors import (
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
 from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
-from .text import ShingleConfig
+from .text import ShingleConfig, check_batch
 from .txn import (
+    KEYS,
+    SIGNATURE_ITEMS,
+    TEXT_ITEMS,
     Document,
     Key,
     Match,
@@ -155,6 +160,7 @@ class Store:
         self.mode = mode
         self.read_only = read_only
         self.durable = durable
+        self.created_here = False  # whether this open made the store (a failed import undoes it)
         self._pid = os.getpid()
         self._env: lmdb.Environment | None = None
         self._lock_fd: int | None = None
@@ -233,6 +239,10 @@ class Store:
         asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
         if directory.exists() and not directory.is_dir():
             raise NotAStoreError(str(directory), "it is a file, not a store directory")
+        # Checked before anything is made, so that bad parameters leave no directory.
+        params = (
+            resolve_params(*asked) if create and not (directory / "data.mdb").exists() else None
+        )
         store = cls(directory, read_only, durable, mode)
         store._keeps_band_cache = bool(band_cache)
         with _creation_lock(directory, create, mode):
@@ -243,7 +253,7 @@ class Store:
                 if exists:
                     store._open_existing(asked, map_size, max_readers, create)
                 else:
-                    store._create(resolve_params(*asked), map_size, max_readers)
+                    store._create(params or resolve_params(*asked), map_size, max_readers)
             except BaseException:
                 store.close()
                 raise
@@ -279,7 +289,10 @@ class Store:
                 if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
                     raise ForkedStoreError(str(self.path)) from None
                 raise StoreBusyError(
-                    str(self.path), "open a second Store on it in this process (reuse the open one)"
+                    str(self.path),
+                    "open a second Store on it",
+                    "in a process that has it open already; use the open Store (it is"
+                    " safe to share between threads)",
                 ) from None
             damage = _lmdb_file_damage(self.path / "data.mdb", err)
             if damage is not None:
@@ -320,6 +333,7 @@ class Store:
             for band in range(params.banding.bands):
                 env.open_db(codec.band_table_name(0, band), txn=txn, dupsort=True, dupfixed=True)
             _faults.checkpoint("before-create")
+        self.created_here = True
         self._attach(params, generation=0, format_version=codec.FORMAT_VERSION)
 
     def _open_existing(
@@ -615,26 +629,38 @@ class Store:
         awaiting one have passed :data:`PURGE_FRACTION` of the documents.
         """
         self._check_writable()
+        state = self._thread_state
+        if getattr(state, "writing", False):
+            raise StoreBusyError(
+                str(self.path),
+                "begin a write transaction",
+                "inside another one of the same thread (LMDB has one writer at a time); do"
+                " the work through the open transaction, or after its block",
+            )
         self._sweep_readers(force=True)
         self._ensure_headroom()
         with self._tracked(write=True) as txn:
             writer = WriteTxn(self, txn)
+            state.writing = True
             try:
-                yield writer
-            except BaseException as err:
-                writer._finish(commit=False)
-                typed = self._translate(err) if isinstance(err, lmdb.Error) else err
-                if typed is err:
-                    raise
-                raise typed from err
-            purge_due = writer._unlinked and self._purge_due(writer)
-            try:
-                writer._finish(commit=True)
-            except lmdb.Error as err:
-                typed = self._translate(err)
-                if typed is err:
-                    raise
-                raise typed from err
+                try:
+                    yield writer
+                except BaseException as err:
+                    writer._finish(commit=False)
+                    typed = self._translate(err) if isinstance(err, lmdb.Error) else err
+                    if typed is err:
+                        raise
+                    raise typed from err
+                purge_due = writer._unlinked and self._purge_due(writer)
+                try:
+                    writer._finish(commit=True)
+                except lmdb.Error as err:
+                    typed = self._translate(err)
+                    if typed is err:
+                        raise
+                    raise typed from err
+            finally:
+                state.writing = False
         if purge_due:
             self.purge()
 
@@ -802,9 +828,12 @@ class Store:
         """Add many items, committing every ``batch_size`` items: a number, ``None`` for
         one transaction, or ``"auto"`` for :meth:`transaction_size` at each commit.
 
-        If a batch fails, the batches before it stay committed and the error says so
-        through its type; nothing of the failing batch is written.
+        If a batch fails, nothing of it is written and the batches before it stay
+        committed: the error's ``committed`` attribute is how many items they held (where
+        to resume), and an error about one document numbers it (``index``) from the
+        call's first item.
         """
+        check_batch(items, *TEXT_ITEMS)
         if replace:
             return self._in_batches(
                 items,
@@ -835,6 +864,7 @@ class Store:
     ) -> int:
         """:meth:`WriteTxn.add_signatures`, committing every ``batch_size`` items (as for
         :meth:`add_many`)."""
+        check_batch(items, *SIGNATURE_ITEMS)
         return self._in_batches(
             items, batch_size, lambda txn, batch: txn.add_signatures(batch, replace=replace)
         )
@@ -877,16 +907,19 @@ class Store:
         its prepared form in memory rather than its texts.
         """
         next_size = self._batch_sizes(batch_size)
-        total = 0
+        total = done = 0
         for batch in batches(items, next_size):
-            parts = (
-                [batch]
-                if prepare is None
-                else [prepare(part) for part in batches(batch, lambda: MIN_TRANSACTION)]
-            )
-            with self.write() as txn:
-                for part in parts:
-                    total += add(txn, part)
+            with _placed(done, committed=done):
+                parts = [batch]
+                if prepare is not None:
+                    parts = []
+                    for lo in range(0, len(batch), MIN_TRANSACTION):
+                        with _placed(lo):
+                            parts.append(prepare(batch[lo : lo + MIN_TRANSACTION]))
+                with self.write() as txn:
+                    for part in parts:
+                        total += add(txn, part)
+            done += len(batch)
         return total
 
     def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
@@ -905,6 +938,7 @@ class Store:
         before the first commit, so a missing one raises with nothing removed (a key that
         another process removes meanwhile fails its batch, the ones before it stay).
         """
+        check_batch(keys, *KEYS)
         wanted = list({codec.key_index(*codec.key_bytes(key)): key for key in keys}.values())
         next_size = self._batch_sizes(batch_size)
         first = next_size()
@@ -1135,6 +1169,26 @@ def check_batch_size(
     if others:
         expected = ", ".join([expected, *others[:-1]]) + f" or {others[-1]}"
     raise InvalidParameterError("batch_size", batch_size, expected)
+
+
+@contextmanager
+def _placed(start: int, committed: int | None = None) -> Iterator[None]:
+    """Around a batch that begins at item ``start`` of its call: an error about one of its
+    documents counts ``index`` from the call's first item, and (given ``committed``, the
+    items that earlier batches committed) the error carries it as ``committed``."""
+    try:
+        yield
+    except NeardupError as error:
+        if isinstance(error, DocumentError) and error.index is not None:
+            error.index += start
+        if committed is not None:
+            error.committed = committed  # type: ignore[attr-defined]
+            if committed:
+                error.add_note(
+                    f"earlier batches committed the first {committed} items; "
+                    f"resume from item #{committed}"
+                )
+        raise
 
 
 def batches(items: Iterable[Any], next_size: Callable[[], int | None]) -> Iterator[list[Any]]:

@@ -36,11 +36,11 @@ this algorithm; any change to it must bump the number.
 
 from __future__ import annotations
 
-import codecs
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -50,6 +50,7 @@ import numpy.typing as npt
 from . import kernels
 from .errors import (
     BatchTypeError,
+    DocumentError,
     EmptyDocumentError,
     InputTypeError,
     InvalidParameterError,
@@ -180,12 +181,39 @@ def _is_space(codes: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
     return _IS_SPACE[np.minimum(codes, len(_IS_SPACE) - 1)]
 
 
-def check_batch(documents: object) -> None:
-    """Raise :class:`BatchTypeError` unless ``documents`` is an iterable of documents."""
-    if isinstance(documents, (str, bytes, bytearray, memoryview)) or not isinstance(
-        documents, Iterable
-    ):
-        raise BatchTypeError(documents)
+def check_batch(
+    items: object, what: str = "documents", single: str = "signature() / hash_document()"
+) -> None:
+    """Raise :class:`BatchTypeError` unless ``items`` is an iterable of ``what``: one str
+    or bytes would pass as an iterable of characters, one item each."""
+    if isinstance(items, (str, bytes, bytearray, memoryview)) or not isinstance(items, Iterable):
+        raise BatchTypeError(items, what, single)
+
+
+def check_encoding(encoding: str) -> None:
+    """Refuse a codec Python cannot decode text with: a name it does not know, or a
+    known codec that is not a text one (base64), which ``codecs.lookup`` accepts.
+
+    Raises:
+        InvalidParameterError: ``encoding`` names no text codec.
+    """
+    try:
+        b"a".decode(encoding)  # not b"": Python decodes an empty string without the codec
+    except UnicodeDecodeError:
+        pass  # a text codec, which wants more than one byte (utf-16)
+    except (LookupError, TypeError):
+        raise InvalidParameterError("encoding", encoding, "a codec name such as 'utf-8'") from None
+
+
+@contextmanager
+def single_document() -> Iterator[None]:
+    """Around a call that takes one document through the batch code: an error about it
+    does not number it as ``document #0``."""
+    try:
+        yield
+    except DocumentError as error:
+        error.index = None
+        raise
 
 
 def as_text(document: object, encoding: str | None = None, index: int | None = None) -> str:
@@ -193,12 +221,7 @@ def as_text(document: object, encoding: str | None = None, index: int | None = N
     if isinstance(document, str):
         return document
     if isinstance(document, (bytes, bytearray, memoryview)) and encoding is not None:
-        try:
-            codecs.lookup(encoding)
-        except LookupError:
-            raise InvalidParameterError(
-                "encoding", encoding, "a codec name such as 'utf-8'"
-            ) from None
+        check_encoding(encoding)
         try:
             return bytes(document).decode(encoding)
         except UnicodeDecodeError as err:
@@ -319,7 +342,8 @@ class Shingler:
         self, document: object, encoding: str | None = None
     ) -> npt.NDArray[np.uint64]:
         """Shingle hashes of one document."""
-        return self.hash_batch([document], encoding).hashes
+        with single_document():
+            return self.hash_batch([document], encoding).hashes
 
     # -- internals -------------------------------------------------------------------
 

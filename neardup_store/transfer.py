@@ -12,7 +12,9 @@ a silent early end.
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -27,7 +29,7 @@ from .errors import InvalidParameterError, InvalidStreamError, NeardupError
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import Store, batches, check_batch_size
+from .store import CREATE_LOCK_FILE, LOCK_FILE, Store, batches, check_batch_size
 
 if TYPE_CHECKING:
     from .txn import Key
@@ -50,6 +52,7 @@ def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | No
         >>> with open("corpus.ndexport", "wb") as out:  # doctest: +SKIP
         ...     store.export(out)
     """
+    _check_binary(stream, "wb")
     count = 0
     with store.read() as reader:
         banding = store._read_meta(reader.txn, "banding")
@@ -64,6 +67,14 @@ def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | No
     if progress is not None:
         progress(count)
     return count
+
+
+def _check_binary(stream: object, mode: str) -> None:
+    """Refuse a text stream before anything is read or written: exports are bytes."""
+    if isinstance(stream, io.TextIOBase):
+        raise InvalidParameterError(
+            "stream", type(stream).__name__, f"a binary stream (open the file with {mode!r})"
+        )
 
 
 class _Counting:
@@ -227,6 +238,7 @@ def import_(
     """
     store._check_writable()
     next_size = store._batch_sizes(batch_size, allow_none=False)
+    _check_binary(stream, "rb")
     reader = _ExportReader(stream)
     _check_config(store, reader.header())
     return _import_records(store, reader, next_size, replace, progress)
@@ -253,11 +265,14 @@ def create_from_export(
     Raises:
         InvalidParameterError: ``path`` already holds a store.
         InvalidStreamError: the stream is not a valid export. The store created so far
-            is closed and stays, holding the batches committed before the bad one.
+            is closed and deleted, so the path is as it was and a retry can start
+            afresh. (A process killed during the import leaves the batches committed
+            before it: delete that store before retrying.)
     """
     check_batch_size(batch_size)  # before the store is made
     if (Path(path) / "data.mdb").exists():
         raise InvalidParameterError("path", str(path), "a directory without a store")
+    _check_binary(stream, "rb")
     reader = _ExportReader(stream)
     header = reader.header()
     banding = header["banding"]
@@ -268,6 +283,7 @@ def create_from_export(
         valid_threshold(params["threshold"])
     except (KeyError, TypeError, ValueError) as err:
         raise InvalidStreamError(f"the header's parameters do not decode ({err})") from None
+    existed = Path(path).exists()
     store = Store.open(
         path,
         create=True,
@@ -284,5 +300,17 @@ def create_from_export(
         )
     except BaseException:
         store.close()
+        if store.created_here:  # not a store another process made at the path meanwhile
+            _delete_created(Path(path), existed)
         raise
     return store
+
+
+def _delete_created(path: Path, existed: bool) -> None:
+    """Delete the store a failed :func:`create_from_export` made at ``path``: the whole
+    directory if the call made it, else only the store's own files."""
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in ("data.mdb", "lock.mdb", LOCK_FILE, CREATE_LOCK_FILE):
+        (path / name).unlink(missing_ok=True)

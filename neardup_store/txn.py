@@ -37,12 +37,20 @@ from .errors import (
 )
 from .lsh import band_keys
 from .similarity import hashed_jaccard
+from .text import check_batch, single_document
 
 if TYPE_CHECKING:
     from .band_cache import CacheLookup
     from .store import Store
 
 Key = str | bytes
+
+# What each batch call takes, and the call for one item, for :func:`check_batch`.
+TEXT_ITEMS = ("(key, text) items", "add()")
+SIGNATURE_ITEMS = ("(key, signature) items", "add(key, signature=...)")
+UNIQUE_TEXT_ITEMS = ("(key, text) items", "add_if_unique()")
+UNIQUE_SIGNATURE_ITEMS = ("(key, signature) items", "add_if_unique(key, signature=...)")
+KEYS = ("keys", "remove()")
 
 
 @dataclass(frozen=True)
@@ -264,18 +272,14 @@ class ReadTxn:
             InvalidParameterError: bad threshold/limit, or both or neither of document
                 and signature.
         """
-        if (document is None) == (signature is None):
-            raise InvalidParameterError(
-                "document/signature",
-                "both" if document is not None else "neither",
-                "exactly one of a document text or signature=",
-            )
+        _check_one_of(document, signature, "document/signature")
         if exact is not None and document is None:
             raise InvalidParameterError("exact", "with signature=", "a text query")
         if document is not None:
-            return self.query_many(
-                [document], threshold=threshold, limit=limit, exact=exact, encoding=encoding
-            )[0]
+            with single_document():
+                return self.query_many(
+                    [document], threshold=threshold, limit=limit, exact=exact, encoding=encoding
+                )[0]
         sig = self._store._check_signature(signature)
         return self._query_signatures(sig[None, :], threshold, limit)[0]
 
@@ -290,11 +294,9 @@ class ReadTxn:
         encoding: str | None = None,
     ) -> list[list[Match]]:
         """:meth:`query` for many texts (signed in one batch) or many signatures."""
-        if (documents is None) == (signatures is None):
-            raise InvalidParameterError(
-                "documents/signatures", "both or neither", "exactly one of the two"
-            )
+        _check_one_of(documents, signatures, "documents/signatures")
         if documents is not None:
+            check_batch(documents)
             texts = list(documents) if exact is not None else documents
             sigs = self._store.hasher.signatures(texts, encoding)
         else:
@@ -655,6 +657,13 @@ def _distinct_pairs(
     return askers[first], ids[first]
 
 
+def _check_one_of(text: object, signature: object, name: str) -> None:
+    """Raise unless exactly one of a text and a signature was given, saying which case."""
+    if (text is None) == (signature is None):
+        given = "both given" if text is not None else "neither given"
+        raise InvalidParameterError(name, given, "exactly one: a text, or signature=")
+
+
 def _check_limit(limit: int | None) -> int | None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidParameterError("limit", limit, "a positive integer or None")
@@ -936,12 +945,10 @@ class WriteTxn(ReadTxn):
                 (nothing is written).
         """
         self._store._check_writable()
-        if (document is None) == (signature is None):
-            raise InvalidParameterError(
-                "document/signature", "both or neither", "exactly one of text or signature="
-            )
+        _check_one_of(document, signature, "document/signature")
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
-        (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
+        with single_document():
+            (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
         return bool(self._run(self._store_prepared, doc, replace))
 
     def add_many(
@@ -956,6 +963,7 @@ class WriteTxn(ReadTxn):
         Every item is validated before anything is written. Returns the number added.
         """
         self._store._check_writable()
+        check_batch(items, *TEXT_ITEMS)
         batch = [document_item(entry) for entry in items]
         return self._add_batch(prepare_batch(self._store, batch, encoding=encoding), replace)
 
@@ -971,6 +979,7 @@ class WriteTxn(ReadTxn):
         Every item is validated before anything is written. Returns the number added.
         """
         self._store._check_writable()
+        check_batch(items, *SIGNATURE_ITEMS)
         batch = [document_item(entry) for entry in items]
         if not batch:
             return 0
@@ -1041,6 +1050,7 @@ class WriteTxn(ReadTxn):
     def remove_many(self, keys: Iterable[Key], *, missing_ok: bool = False) -> int:
         """Remove many documents; returns how many were removed."""
         self._store._check_writable()
+        check_batch(keys, *KEYS)
         keys = list(keys)
         for key in keys:
             codec.key_bytes(key)
@@ -1095,13 +1105,11 @@ class WriteTxn(ReadTxn):
     ) -> UniqueResult:
         """Add the document unless near-duplicates are stored; report them if so."""
         self._store._check_writable()
-        if (document is None) == (signature is None):
-            raise InvalidParameterError(
-                "document/signature", "both or neither", "exactly one of text or signature="
-            )
+        _check_one_of(document, signature, "document/signature")
         threshold = self._store._check_threshold(threshold)
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
-        (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
+        with single_document():
+            (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
         result: UniqueResult = self._run(self._add_unique, doc, threshold)
         return result
 
@@ -1116,6 +1124,7 @@ class WriteTxn(ReadTxn):
         earlier item of the same batch is not added (the earlier one is its match)."""
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
+        check_batch(items, *UNIQUE_TEXT_ITEMS)
         batch = [document_item(entry) for entry in items]
         return self._add_unique_prepared(
             prepare_batch(self._store, batch, encoding=encoding), threshold
@@ -1131,6 +1140,7 @@ class WriteTxn(ReadTxn):
         elsewhere, as :meth:`add_signatures` takes them."""
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
+        check_batch(items, *UNIQUE_SIGNATURE_ITEMS)
         batch = [document_item(entry) for entry in items]
         if not batch:
             return []

@@ -33,6 +33,7 @@ from harness import raw_digest
 
 from neardup_store import codec
 from neardup_store.errors import (
+    BatchTypeError,
     CorruptRecordError,
     DuplicateKeyError,
     EmptyDocumentError,
@@ -46,6 +47,7 @@ from neardup_store.errors import (
     NotAStoreError,
     ParamsMismatchError,
     ReadOnlyError,
+    StoreBusyError,
     StoreNotFoundError,
     TextDecodeError,
 )
@@ -311,6 +313,14 @@ def _remove_key(key: object) -> Callable[[Any], object]:
     return lambda target: target.remove(key, missing_ok=True)
 
 
+def _nested_write(store: Store) -> None:
+    """Add in a write block, then open a second one inside it (the first rolls back)."""
+    with store.write() as txn:
+        txn.add("new", TEXT)
+        with store.write():
+            pass
+
+
 def _sig(values: Any, dtype: Any = None) -> Any:
     return np.asarray(values, dtype=dtype)
 
@@ -364,6 +374,23 @@ CASES: list[Case] = [
              _remove_key(key))
         for name, key, fragment in KEY_ERRORS[::2]
     ],
+    # one str where a batch belongs (iterated, it would be one item per character)
+    Case("remove_many of one str", "remove", BatchTypeError, "iterable of keys, got str",
+         lambda t: t.remove_many("alpha")),
+    Case("add_many of one str", "add_many", BatchTypeError, "call add()",
+         lambda t: t.add_many(TEXT)),
+    Case("add_signatures of one bytes", "add_signatures", BatchTypeError,
+         "iterable of (key, signature) items", lambda t: t.add_signatures(b"ab")),
+    Case("add_many_if_unique of one str", "add_many", BatchTypeError, "call add_if_unique()",
+         lambda t: t.add_many_if_unique("ab")),
+    Case("add_signatures_if_unique of one str", "add_signatures", BatchTypeError,
+         "add_if_unique(key, signature=...)", lambda t: t.add_signatures_if_unique("ab")),
+    Case("query_many of one str", "query", BatchTypeError, "iterable of documents",
+         lambda t: t.query_many(TEXT)),
+    Case("add with neither text nor signature", "add", InvalidParameterError, "neither given",
+         lambda t: t.add("new")),
+    Case("query by a signature passed as the text", "query", InputTypeError, "signature=",
+         lambda t: t.query(good_signature())),
     Case("remove of a missing key", "remove", KeyNotFoundError, "not in the store",
          lambda t: t.remove("missing")),
     Case("remove_many with a missing key", "remove", KeyNotFoundError, "'missing'",
@@ -420,6 +447,12 @@ CASES: list[Case] = [
              in_write=False)
         for name, (_, fragment) in STREAMS.items()
     ],
+    Case("import from a text stream", "import", InvalidParameterError, "binary stream",
+         lambda store: store.import_(io.StringIO("x")), in_write=False),
+    Case("export to a text stream", "export", InvalidParameterError, "open the file with 'wb'",
+         lambda store: store.export(io.StringIO()), in_write=False),
+    Case("write block inside a write block", "add", StoreBusyError, "inside another one",
+         lambda store: _nested_write(store), in_write=False),
     Case("import of a key already stored", "import", DuplicateKeyError, "already in the store",
          lambda store: store.import_(io.BytesIO(export_bytes_cached())), in_write=False),
     # opening
@@ -435,6 +468,13 @@ CASES: list[Case] = [
          open_path=_open(read_only=True), prepare=make_random_data_mdb, is_store=False),
     Case("another application's LMDB", "open", NotAStoreError, "without a meta table",
          open_path=_open(create=True), prepare=make_foreign_lmdb, is_store=False),
+    Case("create with threshold 0: nothing made", "open", InvalidParameterError, "threshold=0",
+         open_path=_open(create=True, threshold=0), prepare=make_nothing, is_store=False),
+    Case("create with num_perm 0: nothing made", "open", InvalidParameterError, "num_perm=0",
+         open_path=_open(create=True, num_perm=0), prepare=make_nothing, is_store=False),
+    Case("create with threshold 1 and no bands", "open", InvalidParameterError,
+         "bands= and rows=", open_path=_open(create=True, threshold=1.0), prepare=make_nothing,
+         is_store=False),
     Case("missing path without create", "open", StoreNotFoundError, "pass create=True",
          open_path=_open(), prepare=make_nothing, is_store=False),
     Case("missing path, read-only", "open", StoreNotFoundError, "no store here",

@@ -75,7 +75,16 @@ def test_refused_input_raises_its_typed_error_and_changes_nothing(
 
 def test_the_table_covers_every_operation() -> None:
     operations = {case.operation for case in CASES}
-    assert operations == {"open", "add", "add_many", "add_signatures", "remove", "query", "import"}
+    assert operations == {
+        "open",
+        "add",
+        "add_many",
+        "add_signatures",
+        "remove",
+        "query",
+        "import",
+        "export",
+    }
     assert len(CASES) >= 80
 
 

@@ -451,8 +451,26 @@ def test_check_finds_a_corrupt_record_without_failing_itself(store: Store) -> No
         (violation,) = damaged.check().violations
         assert violation.kind == "corrupt-record" and "checksum" in violation.detail
         assert violation.doc_id == codec.decode_id(_doc_id_open(damaged, "doc-0010"))
-        with pytest.raises(CorruptRecordError):
+        with pytest.raises(CorruptRecordError, match="names its key"):
             damaged.get("doc-0010")
+
+
+def test_check_names_a_corrupt_records_key_and_its_advice_restores_the_store(
+    store: Store, corpus: DemoCorpus
+) -> None:
+    """The record cannot say its key, the keys table can: following the advice (remove
+    by that key, repair, add again) gives a sound store that finds the document."""
+    path = store.path
+    store.close()
+    _flipped_byte(path)
+    with Store.open(path) as damaged:
+        (violation,) = damaged.check().violations
+        assert "key 'doc-0010': remove it by that key, run check --repair" in violation.detail
+        damaged.remove("doc-0010")
+        assert damaged.check(repair=True).remaining == []
+        text = corpus.documents["doc-0010"]
+        damaged.add("doc-0010", text)
+        assert damaged.check().ok and damaged.query(text)[0].key == "doc-0010"
 
 
 @pytest.mark.parametrize("format_version", [4, 5])
@@ -800,6 +818,27 @@ def test_create_from_export_gives_equal_contents_and_answers(
         assert _answers(copy, corpus) == _answers(store, corpus)
     with pytest.raises(InvalidParameterError):
         Store.create_from_export(store.path, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("directory_existed", [False, True])
+def test_a_failed_create_from_export_leaves_the_path_as_it_was(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory_existed: bool
+) -> None:
+    """A stream that breaks after batches were committed: the store made for it goes, so
+    a retry with the whole stream can create it."""
+    from neardup_store import store as store_module
+
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 20)
+    data = _export(store)
+    target = tmp_path / "copy"
+    if directory_existed:
+        target.mkdir()
+    with pytest.raises(InvalidStreamError, match="ends inside"):
+        Store.create_from_export(target, io.BytesIO(data[: len(data) * 3 // 4]))
+    assert target.exists() == directory_existed
+    assert not directory_existed or list(target.iterdir()) == []
+    with Store.create_from_export(target, io.BytesIO(data)) as copy:
+        assert _contents(copy) == _contents(store)
 
 
 def test_imports_commit_at_the_transaction_size_by_default(

@@ -549,6 +549,31 @@ def test_add_many_commits_in_bounded_batches(store: Store) -> None:
         store.add_many(["not a tuple"])  # type: ignore[list-item]
 
 
+def test_a_failing_batch_names_its_document_in_the_whole_call_and_what_was_committed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service resuming after an error needs the bad item's place in what it passed and
+    how many items are already stored, whatever the batches were."""
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 4)  # text batches prepared by 4
+    texts = random_texts(12)
+    items = [(f"k{i}", t) for i, t in enumerate(texts)]
+    items[9] = ("k9", "   ")
+    with pytest.raises(EmptyDocumentError) as caught:
+        store.add_many(items, batch_size=8)  # the second batch fails in its first part
+    assert caught.value.index == 9 and "document #9" in str(caught.value)
+    assert caught.value.committed == 8 and len(store) == 8  # type: ignore[attr-defined]
+    assert "resume from item #8" in "".join(caught.value.__notes__)
+    rest = items[8:9] + items[10:]
+    assert store.add_many(rest) == 3 and len(store) == 11
+    with pytest.raises(EmptyDocumentError) as caught:
+        store.add_many([("x0", texts[0] + " x"), ("x1", "")], batch_size=5)
+    assert caught.value.index == 1 and caught.value.committed == 0  # type: ignore[attr-defined]
+    assert not hasattr(caught.value, "__notes__")
+    with pytest.raises(EmptyDocumentError) as caught:  # one document: not numbered
+        store.add("x2", "")
+    assert caught.value.index is None and str(caught.value).startswith("the document is empty")
+
+
 def test_transaction_size_grows_with_the_store_within_its_bounds(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1599,7 +1624,7 @@ def test_non_durable_store_commits_and_syncs(store_path: Path) -> None:
 
 def test_opening_the_same_store_twice_in_one_process_is_a_clear_error(store_path: Path) -> None:
     with Store.open(store_path, create=True) as store:
-        with pytest.raises(StoreBusyError, match="reuse the open one"):
+        with pytest.raises(StoreBusyError, match="has it open already; use the open Store"):
             Store.open(store_path)
         assert len(store) == 0  # the first one is untouched
 
