@@ -15,6 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -24,12 +25,13 @@ from . import cli_render as render
 from . import ingest
 from ._version import __version__
 from .demo import run_demo
-from .errors import NeardupError, StoreNotFoundError
+from .errors import EmptyDocumentError, NeardupError, StoreNotFoundError
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .store import Store
-from .text import SHINGLE_KINDS, ShingleConfig
+from .text import SHINGLE_KINDS, ShingleConfig, check_encoding
+from .txn import Match
 
 
 class InputError(click.ClickException):
@@ -44,6 +46,11 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except NeardupError as err:
             raise InputError(_cli_wording(str(err))) from err
+        except click.FileError as err:
+            # A file argument that cannot be opened (an output in a missing directory, an
+            # unreadable input) is an input error: Click's own exit code for it is 1.
+            err.exit_code = InputError.exit_code
+            raise
 
 
 # Library messages name Python arguments; on the command line the same advice is a flag.
@@ -158,14 +165,13 @@ def open_store(path: str, readonly: bool) -> Store:
 
 def _read_text(path: str, encoding: str) -> str:
     """One document from a file; decoding errors name the file and the way out."""
+    check_encoding(encoding)
     try:
         data = Path(path).read_bytes()
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
     try:
         return data.decode(encoding)
-    except LookupError:
-        raise InputError(f"--encoding {encoding!r} is not a known codec") from None
     except UnicodeDecodeError as err:
         raise InputError(
             f"{path}: not valid {encoding} (byte 0x{data[err.start]:02x} at offset "
@@ -173,11 +179,30 @@ def _read_text(path: str, encoding: str) -> str:
         ) from None
 
 
-def _read_jsonl(stream: IO[str], id_field: str, text_field: str) -> list[tuple[Any, str]]:
-    """``(id, text)`` per JSON line; a bad line stops everything with its line number, so
-    no query result is printed for an input the user has to fix anyway."""
+@dataclass(frozen=True, eq=False)
+class _Query:
+    """One query: its id (as printed), its text, and where it came from (for failures:
+    ``source`` is ``file:line`` for a JSON line, else the option or file it came from)."""
+
+    qid: Any
+    text: str
+    source: str
+    file: str | None = None
+    line: int | None = None
+
+    def failure(self, reason: str, error: str) -> ingest.Failure:
+        return ingest.Failure(self.source, reason, self.file, self.line, self.qid, error)
+
+
+def _read_jsonl(
+    stream: IO[str], id_field: str, text_field: str
+) -> tuple[list[_Query], list[ingest.Failure]]:
+    """The queries of a JSON-lines stream (the id defaults to the line number), and a
+    failure, located by ``file:line``, for each line that is not one: as in ``add``, a bad
+    line does not stop the others."""
     name = getattr(stream, "name", "-")
-    items: list[tuple[Any, str]] = []
+    queries: list[_Query] = []
+    failed: list[ingest.Failure] = []
     try:
         lines = list(stream)
     except UnicodeDecodeError as err:
@@ -185,22 +210,34 @@ def _read_jsonl(stream: IO[str], id_field: str, text_field: str) -> list[tuple[A
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{name}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"{name}:{number}: not valid JSON ({err.msg})") from None
+            reason = f"not valid JSON ({err.msg})"
+            failed.append(ingest.Failure(where, reason, name, number, None, type(err).__name__))
+            continue
         if not isinstance(record, dict):
-            raise InputError(f"{name}:{number}: expected a JSON object")
-        if text_field not in record or not isinstance(record[text_field], str):
-            raise InputError(f"{name}:{number}: no string field {text_field!r}")
-        items.append((record.get(id_field, number), record[text_field]))
-    return items
+            reason = "expected a JSON object"
+            failed.append(ingest.Failure(where, reason, name, number, None, "TypeError"))
+        elif text_field not in record or not isinstance(record[text_field], str):
+            reason = f"no string field {text_field!r}"
+            qid = record.get(id_field)
+            failed.append(ingest.Failure(where, reason, name, number, qid, "TypeError"))
+        else:
+            qid = record.get(id_field, number)
+            queries.append(_Query(qid, record[text_field], where, name, number))
+    return queries, failed
 
 
-def _source_texts(items: list[tuple[Any, str]], stream: IO[str]) -> Callable[[Any], str]:
-    """``key -> text`` for exact verification; a candidate missing from the source is an
-    input error (the source must cover the store), not a crash."""
-    texts = {str(key): text for key, text in items}
+def _source_texts(
+    queries: list[_Query], failed: list[ingest.Failure], stream: IO[str]
+) -> Callable[[Any], str]:
+    """``key -> text`` for exact verification; a bad line or a candidate missing from the
+    source is an input error (the source must cover the store), not a crash."""
+    if failed:
+        raise InputError(f"{failed[0].source}: {failed[0].reason}")
+    texts = {str(q.qid): q.text for q in queries}
     name = getattr(stream, "name", "-")
 
     def lookup(key: Any) -> str:
@@ -501,21 +538,22 @@ def add(
         "failed": len(result.failed),
         "batches": result.batches_committed,
     }
-    _print_summary(summary, result.failed, as_json)
-    if result.failed:
-        sys.exit(1)
+    _report_failures(summary, result.failed, as_json, "see --report or --json")
 
 
-def _print_summary(summary: dict[str, Any], failed: list[ingest.Failure], as_json: bool) -> None:
-    """One summary line (or JSON object) and the first failures with their reasons."""
+def _report_failures(
+    summary: dict[str, Any], failed: list[ingest.Failure], as_json: bool, more: str
+) -> None:
+    """The summary and the failures (JSON: a line each, then the summary; a table: the
+    summary, then the first failures), and exit 1 when an input could not be used."""
     if as_json:
-        click.echo(json.dumps({"summary": summary}))
-        return
-    click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
-    for failure in failed[:10]:
-        click.echo(f"  failed: {failure.source}: {failure.reason}")
-    if len(failed) > 10:
-        click.echo(f"  ... {len(failed) - 10} more failures (see add --report)")
+        render.failures(failed, as_json, more)
+        render.summary(summary, as_json)
+    else:
+        render.summary(summary, as_json)
+        render.failures(failed, as_json, more)
+    if failed:
+        sys.exit(1)
 
 
 def _plain(key: str | bytes) -> str:
@@ -553,8 +591,11 @@ def dedup(
 ) -> None:
     """Stream an archive through the index: keep the first of each near-duplicate group.
 
-    Dropped records get "duplicate_of" and "score". After an interruption, run the same
-    command again: it resumes where the last committed batch ended.
+    Dropped records get "duplicate_of" and "score". A record whose key the store already
+    holds is not new either: it is dropped with "duplicate_of" its own key and counted as
+    already_stored. Exits 1 if some lines could not be used (listed with --json). After
+    an interruption, run the same command again: it resumes where the last committed
+    batch ended.
 
     \b
     Example:
@@ -588,10 +629,11 @@ def dedup(
     summary = {
         "kept": result.kept,
         "dropped": result.dropped,
+        "already_stored": result.already_stored,
         "failed": len(result.failed),
         "resumed_from_line": result.resumed_from,
     }
-    _print_summary(summary, result.failed, as_json)
+    _report_failures(summary, result.failed, as_json, "see --json")
     if fail_on_duplicates and result.dropped:
         sys.exit(1)
 
@@ -646,7 +688,9 @@ def query(
 ) -> None:
     """Find stored near-duplicates of a text, a file or JSON lines of queries.
 
-    Scores are estimated Jaccard similarities (the share of equal signature values).
+    Scores are estimated Jaccard similarities (the share of equal signature values). A
+    JSON line that is no query (or has an empty text) is reported by its line number and
+    the others are still answered; the exit code is then 1.
 
     \b
     Example:
@@ -655,26 +699,28 @@ def query(
         neardup-admin query ./corpus.ndx --jsonl queries.jsonl --json --fail-on-duplicates
         neardup-admin query ./corpus.ndx --text "the quick brown fox" --exact corpus.jsonl
     """
-    given = [name for name, v in (("--text", text), ("--file", file_), ("--jsonl", jsonl)) if v]
-    if len(given) != 1:
+    options = (("--text", text), ("--file", file_), ("--jsonl", jsonl))
+    if sum(value is not None for _, value in options) != 1:
         raise click.UsageError("give exactly one of --text, --file or --jsonl")
+    failed: list[ingest.Failure] = []
     if text is not None:
-        queries: list[tuple[Any, str]] = [("text", text)]
+        queries = [_Query("text", text, "--text")]
     elif file_ is not None:
-        queries = [(file_, _read_text(file_, encoding))]
+        queries = [_Query(file_, _read_text(file_, encoding), file_)]
     else:
         assert jsonl is not None
-        queries = _read_jsonl(jsonl, id_field, text_field)
+        queries, failed = _read_jsonl(jsonl, id_field, text_field)
     exact = None
     if exact_source is not None:
-        exact = _source_texts(_read_jsonl(exact_source, id_field, text_field), exact_source)
+        exact = _source_texts(*_read_jsonl(exact_source, id_field, text_field), exact_source)
     with open_store(path, readonly=True) as store:
-        results = store.query_many(
-            [t for _, t in queries], threshold=threshold, limit=limit, exact=exact
+        queries, results, empty = _answer(
+            store, queries, threshold=threshold, limit=limit, exact=exact
         )
+    failed += empty
     rows = [
-        (qid, m.key, m.score, m.exact)
-        for (qid, _), matches in zip(queries, results, strict=True)
+        (q.qid, m.key, m.score, m.exact)
+        for q, matches in zip(queries, results, strict=True)
         for m in matches
     ]
     headers = ("query", "key", "score", "exact") if exact else ("query", "key", "score")
@@ -686,8 +732,44 @@ def query(
         render.table(headers, [row[: len(headers)] for row in rows])
     else:
         click.echo("No matches.")
-    if fail_on_duplicates and rows:
+    render.failures(sorted(failed, key=lambda f: f.line or 0), as_json, "see --json")
+    if failed or (fail_on_duplicates and rows):
         sys.exit(1)
+
+
+def _answer(
+    store: Store, queries: list[_Query], **options: Any
+) -> tuple[list[_Query], list[list[Match]], list[ingest.Failure]]:
+    """The queries answered, their matches, and a failure for each empty one (no
+    shingles): in JSON lines an empty text fails its own line and the others are still
+    answered, as in ``add``; as the one query of --text or --file it is an input error."""
+    texts = [q.text for q in queries]
+    try:
+        return queries, store.query_many(texts, **options) if texts else [], []
+    except EmptyDocumentError as err:
+        # Rare: sign one by one to find the empty ones, then answer the rest.
+        rest, empty = [], []
+        for q in queries:
+            (empty if _is_empty(store, q.text) else rest).append(q)
+        if not empty:
+            raise  # not a query's own text
+        if len(queries) == 1 and queries[0].line is None:
+            raise InputError(
+                f"{queries[0].source}: the document is empty after normalisation and has "
+                "no shingles, so there is nothing to compare; give a text with words in it"
+            ) from err
+    failures = [q.failure("empty document", EmptyDocumentError.__name__) for q in empty]
+    matches = store.query_many([q.text for q in rest], **options) if rest else []
+    return rest, matches, failures
+
+
+def _is_empty(store: Store, text: str) -> bool:
+    """Whether a query text has no shingles (asked only after a batch found one empty)."""
+    try:
+        store.hasher.signature(text)
+    except EmptyDocumentError:
+        return True
+    return False
 
 
 _format_option = click.option(

@@ -16,6 +16,7 @@ import click
 import numpy as np
 
 from .demo import DemoResult
+from .ingest import Failure
 from .lsh import LSHParams
 from .maintenance import (
     BackupReport,
@@ -36,6 +37,45 @@ def key_text(key: str | bytes) -> str:
 def json_line(record: dict[str, Any]) -> None:
     """Print one JSON-lines record (machine output goes to stdout, one object a line)."""
     click.echo(json.dumps(record, ensure_ascii=False))
+
+
+def failure_record(failure: Failure) -> dict[str, Any]:
+    """An input that could not be used, as one JSON-lines record: where (``source``, and
+    ``file`` and ``line`` apart), the ``key`` if one was read, the ``error`` type's name
+    and the ``message``. Every field is present, ``null`` where unknown."""
+    key = failure.key
+    return {
+        "failed": {
+            "source": failure.source,
+            "file": failure.file,
+            "line": failure.line,
+            "key": key_text(key) if isinstance(key, (str, bytes)) else key,
+            "error": failure.error,
+            "message": failure.reason,
+        }
+    }
+
+
+def failures(failed: Sequence[Failure], as_json: bool, more: str, shown: int = 10) -> None:
+    """Every failure as a JSON line, or the first ``shown`` with their reasons and a pointer
+    (``more``) to where the rest are."""
+    if as_json:
+        for failure in failed:
+            json_line(failure_record(failure))
+        return
+    for failure in failed[:shown]:
+        click.echo(f"  failed: {failure.source}: {failure.reason}")
+    if len(failed) > shown:
+        click.echo(f"  ... {len(failed) - shown} more failures ({more})")
+
+
+def summary(record: dict[str, Any], as_json: bool) -> None:
+    """A command's totals: one ``{"summary": ...}`` line, or ``name value`` pairs on one line
+    for people (leaving out what does not apply, such as a resume point of a fresh run)."""
+    if as_json:
+        json_line({"summary": record})
+    else:
+        click.echo(", ".join(f"{k} {v}" for k, v in record.items() if v is not None))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:

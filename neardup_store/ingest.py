@@ -44,8 +44,10 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec
-from .errors import EmptyDocumentError, InvalidParameterError, NeardupError
+from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, NeardupError
+from .similarity import estimate_jaccard
 from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size
+from .text import check_encoding
 from .txn import Key, Match, UniqueResult
 
 if TYPE_CHECKING:
@@ -68,20 +70,41 @@ _STATE_VERSION = 1
 
 @dataclass(frozen=True)
 class Record:
-    """One document to ingest: ``source`` says where it came from (for failure reports)."""
+    """One document to ingest: ``source`` says where it came from (for failure reports).
+
+    ``file`` and ``line`` locate a JSON-lines record (``source`` is then ``file:line``), so
+    a failure can name them apart; they do not take part in equality.
+    """
 
     key: Key
     text: str
     metadata: Any = None
     source: str = ""
+    file: str | None = field(default=None, compare=False)
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class Failure:
-    """An input that could not be used, and why (``source`` is a path, ``path:line`` or key)."""
+    """An input that could not be used, and why (``source`` is a path, ``path:line`` or key).
+
+    The details a program needs to act on it without parsing ``source`` or ``reason``:
+    ``file`` and ``line`` where the input was (``line`` is the file's own line number,
+    from 1), ``key`` if one was read, and ``error``, the name of the error type behind it
+    (``JSONDecodeError``, ``EmptyDocumentError``, ...). They are ``None`` where unknown and
+    do not take part in equality: a failure is the same failure however much is known.
+    """
 
     source: str
     reason: str
+    file: str | None = field(default=None, compare=False)
+    line: int | None = field(default=None, compare=False)
+    key: Any = field(default=None, compare=False)
+    error: str | None = field(default=None, compare=False)
+
+    def fields(self) -> list[Any]:
+        """The failure as a JSON-ready list, in field order (``Failure(*fields)`` rebuilds it)."""
+        return [self.source, self.reason, self.file, self.line, self.key, self.error]
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,8 @@ class DedupReport:
     """What :func:`dedup` did over the whole job, including runs it resumed.
 
     ``resumed_from`` is the input line the run continued after (``None``: a fresh start).
+    ``already_stored`` counts the dropped lines whose key the store already held (the case
+    :func:`ingest` reports as skipped); ``dropped`` includes them.
     """
 
     kept: int
@@ -138,6 +163,7 @@ class DedupReport:
     failed: list[Failure]
     resumed_from: int | None
     batches_committed: int
+    already_stored: int = 0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -184,9 +210,25 @@ def read_inputs(
     ``text_field``, and every other field is kept as metadata. Blank lines are ignored.
 
     Unusable input is yielded as :class:`Failure` so callers can count it and go on.
+
+    Raises:
+        InvalidParameterError: ``encoding`` is not a text codec (raised by this call, before
+            anything is read, not by the iteration).
     """
+    check_encoding(encoding)
     if isinstance(include, str):
         include = (include,)
+    return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)
+
+
+def _read_inputs(
+    paths: Iterable[str | os.PathLike[str]],
+    include: Sequence[str],
+    jsonl: bool,
+    id_field: str,
+    text_field: str,
+    encoding: str,
+) -> Iterator[Record | Failure]:
     for path in paths:
         name = os.fspath(path)
         if name == STDIN:
@@ -199,7 +241,7 @@ def read_inputs(
         elif target.exists():
             yield from _read_file(target, jsonl, id_field, text_field, encoding)
         else:
-            yield Failure(name, "no such file or directory")
+            yield Failure(name, "no such file or directory", name, error="FileNotFoundError")
 
 
 def _walk(directory: Path, include: Sequence[str]) -> Iterator[Path]:
@@ -221,7 +263,7 @@ def _read_file(
     try:
         stream = path.open("rb")
     except OSError as err:
-        yield Failure(str(path), f"cannot read it: {err.strerror or err}")
+        yield _unreadable(str(path), err)
         return
     with stream:
         yield from _read_stream(stream, str(path), jsonl, id_field, text_field, encoding)
@@ -233,18 +275,23 @@ def _read_stream(
     if jsonl:
         for number, raw in enumerate(stream, 1):
             if raw.strip():
-                item = parse_line(raw, f"{name}:{number}", id_field, text_field, encoding)
+                where = f"{name}:{number}"
+                item = parse_line(raw, where, id_field, text_field, encoding, name, number)
                 yield item if isinstance(item, Failure) else item[0]
         return
     try:
         data = stream.read()
     except OSError as err:
-        yield Failure(name, f"cannot read it: {err.strerror or err}")
+        yield _unreadable(name, err)
         return
     try:
-        yield Record(name, data.decode(encoding), None, name)
+        yield Record(name, data.decode(encoding), None, name, file=name)
     except UnicodeDecodeError as err:
-        yield Failure(name, _decode_reason(err, encoding))
+        yield Failure(name, _decode_reason(err, encoding), name, error=type(err).__name__)
+
+
+def _unreadable(name: str, err: OSError) -> Failure:
+    return Failure(name, f"cannot read it: {err.strerror or err}", name, error=type(err).__name__)
 
 
 def _decode_reason(err: UnicodeDecodeError, encoding: str) -> str:
@@ -252,30 +299,48 @@ def _decode_reason(err: UnicodeDecodeError, encoding: str) -> str:
 
 
 def parse_line(
-    raw: bytes, source: str, id_field: str, text_field: str, encoding: str = "utf-8"
+    raw: bytes,
+    source: str,
+    id_field: str,
+    text_field: str,
+    encoding: str = "utf-8",
+    file: str | None = None,
+    line: int | None = None,
 ) -> tuple[Record, dict[str, Any]] | Failure:
-    """One JSON line as a record and the parsed object, or a :class:`Failure` saying why."""
+    """One JSON line as a record and the parsed object, or a :class:`Failure` saying why.
+
+    ``file`` and ``line`` are passed on to the record or failure. A failure's ``error``
+    names what went wrong as Python would: ``UnicodeDecodeError``, ``JSONDecodeError``,
+    ``KeyError`` (a missing field) or ``TypeError`` (a value of the wrong JSON type).
+    """
+
+    def failure(reason: str, error: str, key: Any = None) -> Failure:
+        return Failure(source, reason, file, line, key, error)
+
     try:
         obj = json.loads(raw.decode(encoding))
     except UnicodeDecodeError as err:
-        return Failure(source, _decode_reason(err, encoding))
+        return failure(_decode_reason(err, encoding), type(err).__name__)
     except json.JSONDecodeError as err:
-        return Failure(source, f"malformed JSON ({err.msg} at column {err.colno})")
+        return failure(f"malformed JSON ({err.msg} at column {err.colno})", type(err).__name__)
     if not isinstance(obj, dict):
-        return Failure(source, f"expected a JSON object, got {type(obj).__name__}")
+        return failure(f"expected a JSON object, got {type(obj).__name__}", "TypeError")
     missing = [f for f in (id_field, text_field) if f not in obj]
     if missing:
-        return Failure(source, f"missing field {', '.join(map(repr, missing))}")
+        return failure(
+            f"missing field {', '.join(map(repr, missing))}", "KeyError", obj.get(id_field)
+        )
     key = obj[id_field]
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
     if not isinstance(key, str):
-        return Failure(source, f"field {id_field!r} must be a string or integer")
+        return failure(f"field {id_field!r} must be a string or integer", "TypeError")
     text = obj[text_field]
     if not isinstance(text, str):
-        return Failure(source, f"field {text_field!r} must be a string, not {_json_type(text)}")
+        reason = f"field {text_field!r} must be a string, not {_json_type(text)}"
+        return failure(reason, "TypeError", key)
     metadata = {k: v for k, v in obj.items() if k not in (id_field, text_field)} or None
-    return Record(key, text, metadata, source), obj
+    return Record(key, text, metadata, source, file, line), obj
 
 
 def _json_type(value: object) -> str:
@@ -299,7 +364,8 @@ def _as_record(item: object) -> Record | Failure:
     if isinstance(item, (tuple, list)) and len(item) in (2, 3):
         key, text = item[0], item[1]
         return Record(key, text, item[2] if len(item) == 3 else None, str(key))
-    return Failure(repr(item)[:60], "expected a Record or a (key, text[, metadata]) tuple")
+    reason = "expected a Record or a (key, text[, metadata]) tuple"
+    return Failure(repr(item)[:60], reason, error="TypeError")
 
 
 def _sign(store: Store, records: Sequence[Record]) -> tuple[list[_Signed], list[Failure]]:
@@ -317,15 +383,15 @@ def sign_records(
     valid: list[Record] = []
     failed: list[Failure] = []
     for record in records:
-        source = record.source or str(record.key)
         try:
             codec.key_bytes(record.key)
             codec.pack_metadata(record.metadata)
         except NeardupError as err:
-            failed.append(Failure(source, str(err)))
+            failed.append(_failed(record, str(err), type(err).__name__))
             continue
         if not isinstance(record.text, str):
-            failed.append(Failure(source, f"text must be a str, not {type(record.text).__name__}"))
+            reason = f"text must be a str, not {type(record.text).__name__}"
+            failed.append(_failed(record, reason, InputTypeError.__name__))
             continue
         valid.append(record)
     try:
@@ -338,9 +404,15 @@ def sign_records(
                 signatures.append(hasher.signatures([record.text])[0])
                 signed.append(record)
             except EmptyDocumentError:
-                failed.append(Failure(record.source or str(record.key), "empty document"))
+                failed.append(_failed(record, "empty document", EmptyDocumentError.__name__))
         valid = signed
     return [_Signed(r, s) for r, s in zip(valid, signatures, strict=True)], failed
+
+
+def _failed(record: Record, reason: str, error: str) -> Failure:
+    """A record's failure, located where the record came from."""
+    source = record.source or str(record.key)
+    return Failure(source, reason, record.file, record.line, record.key, error)
 
 
 # -- ingest ----------------------------------------------------------------------------------
@@ -536,7 +608,7 @@ def _signed_batches(
 
 
 def _without_text(record: Record) -> Record:
-    return Record(record.key, "", record.metadata, record.source)
+    return Record(record.key, "", record.metadata, record.source, record.file, record.line)
 
 
 # -- dedup -----------------------------------------------------------------------------------
@@ -559,7 +631,8 @@ class _Position:
     batches: int = 0
     kept: int = 0
     dropped: int = 0
-    failed: list[list[str]] = field(default_factory=list)
+    failed: list[list[Any]] = field(default_factory=list)
+    already_stored: int = 0
 
     def copy(self) -> _Position:
         return _Position(**{**vars(self), "failed": list(self.failed)})
@@ -582,7 +655,11 @@ def dedup(
     Each record (in input order) that has no near-duplicate in the store or earlier in
     the input is added to the store and its original line written to ``keep_path``;
     every other one is written to ``dropped_path`` as its object plus ``"duplicate_of"``
-    (the best match's key) and ``"score"``. Unusable lines are reported as failures.
+    (the best match's key) and ``"score"``. A record whose key the store already holds
+    (stored earlier, by another writer, or by an earlier line of the input) is dropped the
+    same way, with ``"duplicate_of"`` its own key and ``"score"`` the similarity to the
+    stored document, and counted in ``already_stored`` too: the store holds that key, so
+    the record is not new. Unusable lines are reported as failures.
 
     Rerunning with the same arguments after an interruption resumes (see the module
     docstring); a finished job returns its report without doing anything.
@@ -618,8 +695,10 @@ def dedup(
     run_batches = 0
 
     def report() -> DedupReport:
-        failures = [Failure(s, r) for s, r in at.failed]
-        return DedupReport(at.kept, at.dropped, failures, resumed_from, at.batches)
+        failures = [Failure(*fields) for fields in at.failed]
+        return DedupReport(
+            at.kept, at.dropped, failures, resumed_from, at.batches, at.already_stored
+        )
 
     if done:
         return report()
@@ -682,15 +761,16 @@ def _dedup_batch(
     records: list[Record] = []
     name = Path(job["input"]).name
     for number, _, raw in lines:
-        item = parse_line(raw, f"{name}:{number}", job["id_field"], job["text_field"])
+        fields = job["id_field"], job["text_field"], "utf-8", name, number
+        item = parse_line(raw, f"{name}:{number}", *fields)
         if isinstance(item, Failure):
-            new.failed.append([item.source, item.reason])
+            new.failed.append(item.fields())
             continue
         record, obj = item
         parsed[id(record)] = (raw, obj)
         records.append(record)
     signed, bad = _sign(store, records)
-    new.failed.extend([f.source, f.reason] for f in bad)
+    new.failed.extend(f.fields() for f in bad)
     keep_out: list[bytes] = []
     dropped_out: list[bytes] = []
     probe: Key | None = None
@@ -699,10 +779,13 @@ def _dedup_batch(
         for doc, result in zip(signed, decided, strict=True):
             key = doc.record.key
             raw, obj = parsed[id(doc.record)]
-            if result is None:
-                new.failed.append([doc.record.source, f"key {key!r} is already in the store"])
-                continue
-            if result.added:
+            if result is None:  # the key is stored: not new, so dropped (add skips it)
+                score = estimate_jaccard(doc.signature, txn.get(key).signature)
+                out = {**obj, "duplicate_of": key, "score": round(float(score), 6)}
+                dropped_out.append(json.dumps(out, ensure_ascii=False).encode() + b"\n")
+                new.dropped += 1
+                new.already_stored += 1
+            elif result.added:
                 probe = key if probe is None else probe
                 keep_out.append(raw.rstrip(b"\r\n") + b"\n")
                 new.kept += 1

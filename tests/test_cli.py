@@ -242,23 +242,99 @@ def test_query_file_and_jsonl_from_stdin(
     assert got == {("q1", "unrelated"), ("q2", "storm-a"), ("q2", "storm-b")}
 
 
-@pytest.mark.parametrize(
-    ("payload", "message"),
-    [
-        (
-            '{"id": 1, "text": "ok text here"}\n{"id": 2, "text": \n',
-            "Error: <stdin>:2: not valid JSON",
-        ),
-        ('["a list"]\n', "Error: <stdin>:1: expected a JSON object"),
-        ('{"id": 1, "body": "x"}\n', "Error: <stdin>:1: no string field 'text'"),
-    ],
-)
-def test_query_rejects_malformed_json_lines(
-    runner: CliRunner, store_path: Path, payload: str, message: str
+def test_query_jsonl_reports_each_bad_line_and_answers_the_rest(
+    runner: CliRunner, store_path: Path, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
-    result = _run(runner, "query", store_path, "--jsonl", "-", input=payload)
-    assert result.exit_code == 2 and result.output.startswith(message), result.output
-    assert len(result.output.splitlines()) == 1
+    """A bad line (not JSON, not an object, no text, an empty text) fails on its own, named
+    by its file line number, and every good line is still answered; exit 1 as in add."""
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "q1", "text": near_dup_corpus["storm-a"]}),
+                "garbage",
+                "",
+                json.dumps({"id": "q3", "text": near_dup_corpus["recipe-a"]}),
+                '["a list"]',
+                json.dumps({"id": "q5", "body": "x"}),
+                json.dumps({"id": "q6", "text": "   "}),
+                json.dumps({"id": "q7", "text": near_dup_corpus["unrelated"]}),
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    result = _run(runner, "query", store_path, "--jsonl", queries, "--json")
+    assert result.exit_code == 1, result.output
+    records = _jsonl(result.output)
+    answered = {(r["query"], r["key"]) for r in records if "query" in r}
+    assert answered == {
+        ("q1", "storm-a"), ("q1", "storm-b"), ("q3", "recipe-a"), ("q3", "recipe-b"),
+        ("q7", "unrelated"),
+    }  # fmt: skip
+    failed = [r["failed"] for r in records if "failed" in r]
+    assert [(f["source"], f["file"], f["line"], f["key"], f["error"]) for f in failed] == [
+        (f"{queries}:2", str(queries), 2, None, "JSONDecodeError"),
+        (f"{queries}:5", str(queries), 5, None, "TypeError"),
+        (f"{queries}:6", str(queries), 6, "q5", "TypeError"),
+        (f"{queries}:7", str(queries), 7, "q6", "EmptyDocumentError"),
+    ]
+    assert failed[3]["message"] == "empty document"
+    table = _run(runner, "query", store_path, "--jsonl", queries)
+    assert table.exit_code == 1
+    lines = table.output.splitlines()
+    assert lines[0].split() == ["query", "key", "score"] and len(lines) == 1 + 5 + 4
+    assert lines[-4:] == [
+        f"  failed: {queries}:2: not valid JSON (Expecting value)",
+        f"  failed: {queries}:5: expected a JSON object",
+        f"  failed: {queries}:6: no string field 'text'",
+        f"  failed: {queries}:7: empty document",
+    ]
+    only_bad = _run(runner, "query", store_path, "--jsonl", "-", input='{"text": ""}\n')
+    assert only_bad.exit_code == 1
+    assert only_bad.output == "No matches.\n  failed: <stdin>:1: empty document\n"
+
+
+def test_query_exact_source_with_a_bad_line_is_an_input_error(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "source.jsonl"
+    source.write_text('{"id": "storm-a", "text": "x"}\n{"id": 2, "text": \n', encoding="utf-8")
+    result = _run(runner, "query", store_path, "--text", "some text", "--exact", source)
+    assert result.exit_code == 2
+    assert result.output == f"Error: {source}:2: not valid JSON (Expecting value)\n"
+
+
+def test_query_empty_text_is_the_empty_document_error(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    """--text "" is given (not missing): the error is that the document is empty."""
+    for text in ("", "   "):
+        result = _run(runner, "query", store_path, "--text", text)
+        assert result.exit_code == 2
+        assert result.output == (
+            "Error: --text: the document is empty after normalisation and has no shingles, "
+            "so there is nothing to compare; give a text with words in it\n"
+        )
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    from_file = _run(runner, "query", store_path, "--file", empty)
+    assert from_file.exit_code == 2
+    assert from_file.output.startswith(f"Error: {empty}: the document is empty")
+    both = _run(runner, "query", store_path, "--text", "", "--file", empty)
+    assert both.exit_code == 2 and "exactly one of --text, --file or --jsonl" in both.output
+
+
+def test_query_unknown_encoding_is_the_api_error(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    doc = tmp_path / "doc.txt"
+    doc.write_text("some text", encoding="utf-8")
+    result = _run(runner, "query", store_path, "--file", doc, "--encoding", "bogus-codec")
+    assert result.exit_code == 2
+    assert result.output == (
+        "Error: encoding='bogus-codec' is not valid: expected a codec name such as 'utf-8'\n"
+    )
 
 
 def test_query_input_errors_exit_2(runner: CliRunner, store_path: Path, tmp_path: Path) -> None:
@@ -435,6 +511,21 @@ def test_export_to_stdout_and_import_both_ways(
     assert garbage.exit_code == 2 and garbage.output.startswith("Error: ")
 
 
+def test_export_to_an_unwritable_path_is_an_input_error(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    """An output Click cannot open is an input error (exit 2), not a finding (1)."""
+    out = tmp_path / "missing" / "dir" / "out.export"
+    result = _run(runner, "export", store_path, out)
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: Could not open file {str(out)!r}: No such file or directory\n"
+    )
+    assert not out.parent.exists()
+    unreadable = _run(runner, "import", tmp_path / "missing.export", tmp_path / "new.ndx")
+    assert unreadable.exit_code == 2 and not (tmp_path / "new.ndx").exists()
+
+
 def test_verbose_notes_go_to_stderr(runner: CliRunner, store_path: Path) -> None:
     result = runner.invoke(cli, ["--verbose", "info", str(store_path), "--json"])
     assert result.exit_code == 0
@@ -578,6 +669,56 @@ def test_add_to_a_missing_store_is_one_error_line(runner: CliRunner, tmp_path: P
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
+@pytest.mark.parametrize("encoding", ["bogus-codec", "base64"])
+def test_add_unknown_encoding_is_one_error_line_and_writes_nothing(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], encoding: str
+) -> None:
+    """An encoding Python cannot decode text with (unknown, or not a text codec) is the
+    API's InvalidParameterError, exit 2, checked before the store is written to."""
+    store = tmp_path / "s.ndx"
+    _run(runner, "init", store)
+    counter = commit_counter(store)
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    result = _run(runner, "add", store, archive, "--jsonl", "--encoding", encoding)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: encoding={encoding!r} is not valid: expected a codec name such as 'utf-8'\n"
+    )
+    assert commit_counter(store) == counter
+    with Store.open(store, read_only=True) as opened:
+        assert len(opened) == 0
+
+
+def test_add_json_prints_each_failure_as_a_json_line(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """--json lists every failure (a line each, before the summary), as the table does."""
+    store = tmp_path / "s.ndx"
+    _run(runner, "init", store)
+    archive = _archive(
+        tmp_path / "a.jsonl",
+        {"good": near_dup_corpus["storm-a"]},
+        '{not json\n{"id": "nofield"}\n{"id": "blank", "text": " "}\n',
+    )
+    result = _run(runner, "add", store, tmp_path / "nope.txt", archive, "--jsonl", "--json")
+    assert result.exit_code == 1, result.output
+    *failures, summary = _jsonl(result.output)
+    assert summary["summary"]["added"] == 1 and summary["summary"]["failed"] == 4
+    assert [r["failed"] for r in failures] == [
+        {"source": str(tmp_path / "nope.txt"), "file": str(tmp_path / "nope.txt"),
+         "line": None, "key": None, "error": "FileNotFoundError",
+         "message": "no such file or directory"},
+        {"source": f"{archive}:2", "file": str(archive), "line": 2, "key": None,
+         "error": "JSONDecodeError",
+         "message": "malformed JSON (Expecting property name enclosed in double quotes at "
+         "column 2)"},
+        {"source": f"{archive}:3", "file": str(archive), "line": 3, "key": "nofield",
+         "error": "KeyError", "message": "missing field 'text'"},
+        {"source": f"{archive}:4", "file": str(archive), "line": 4, "key": "blank",
+         "error": "EmptyDocumentError", "message": "empty document"},
+    ]  # fmt: skip
+
+
 def _dedup_args(archive: Path, tmp_path: Path) -> list[object]:
     """A dedup of ``archive`` into stores and outputs under ``tmp_path``."""
     return ["dedup", archive, "--store", tmp_path / "d.ndx", "--threshold", 0.5,
@@ -599,6 +740,76 @@ def test_dedup_keeps_first_of_each_group_and_resumes(
     again = _run(runner, *args, "--fail-on-duplicates")  # a finished job: nothing to redo
     assert again.exit_code == 1 and _jsonl(again.output)[-1]["summary"]["kept"] == 3
     assert [r["id"] for r in _jsonl((tmp_path / "k.jsonl").read_text())] == kept
+
+
+def test_dedup_exits_1_and_lists_each_failed_line(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """Lines dedup cannot use are findings, as in add: exit 1, each listed with --json."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus, 'garbage\n{"id": "e", "text": ""}\n')
+    result = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+    assert result.exit_code == 1, result.output
+    *failures, summary = _jsonl(result.output)
+    assert summary["summary"] == {
+        "kept": 3, "dropped": 2, "already_stored": 0, "failed": 2, "resumed_from_line": None,
+    }  # fmt: skip
+    assert [
+        (r["failed"]["source"], r["failed"]["line"], r["failed"]["key"], r["failed"]["error"])
+        for r in failures
+    ] == [("a.jsonl:6", 6, None, "JSONDecodeError"), ("a.jsonl:7", 7, "e", "EmptyDocumentError")]
+    again = _run(runner, *_dedup_args(archive, tmp_path))  # the finished job reports the same
+    assert again.exit_code == 1
+    assert again.output.splitlines() == [
+        "kept 3, dropped 2, already_stored 0, failed 2, resumed_from_line 7",
+        "  failed: a.jsonl:6: malformed JSON (Expecting value at column 1)",
+        "  failed: a.jsonl:7: empty document",
+    ]
+
+
+def test_dedup_table_points_to_json_for_more_failures(runner: CliRunner, tmp_path: Path) -> None:
+    """The table shows ten failures and says where the rest are (dedup has no --report);
+    a fresh run shows no resume point."""
+    archive = _archive(tmp_path / "a.jsonl", {}, "garbage\n" * 12)
+    result = _run(runner, *_dedup_args(archive, tmp_path))
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == "kept 0, dropped 0, already_stored 0, failed 12"
+    assert len(lines) == 12 and lines[-1] == "  ... 2 more failures (see --json)"
+    assert "None" not in result.output and "--report" not in result.output
+
+
+def test_dedup_drops_lines_whose_key_is_already_stored(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """A key the store holds (added before, or earlier in the input) means the line is not
+    new: it goes to --dropped with duplicate_of its own key and its score against the
+    stored document, is counted, and nothing is lost from both outputs."""
+    store = tmp_path / "d.ndx"
+    _run(runner, "init", store, "--threshold", 0.5)
+    _run(runner, "add", store, _archive(tmp_path / "first.jsonl", {"storm-a": "x y z " * 20}),
+         "--jsonl")  # fmt: skip
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    with archive.open("a", encoding="utf-8") as out:  # the same key again, in the input
+        out.write(json.dumps({"id": "unrelated", "text": near_dup_corpus["unrelated"]}) + "\n")
+    result = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    summary = _jsonl(result.output)[-1]["summary"]
+    assert (summary["kept"], summary["dropped"], summary["already_stored"]) == (3, 3, 2)
+    assert summary["failed"] == 0
+    kept = [r["id"] for r in _jsonl((tmp_path / "k.jsonl").read_text())]
+    dropped = {r["id"]: r for r in _jsonl((tmp_path / "x.jsonl").read_text())}
+    assert kept == ["storm-b", "recipe-a", "unrelated"]
+    assert sorted(dropped) == ["recipe-b", "storm-a", "unrelated"]
+    assert dropped["storm-a"]["duplicate_of"] == "storm-a"
+    assert dropped["storm-a"]["score"] < 0.5  # the stored text under that key differs
+    assert dropped["unrelated"]["duplicate_of"] == "unrelated"
+    assert dropped["unrelated"]["score"] == 1.0
+    assert dropped["recipe-b"]["duplicate_of"] == "recipe-a"
+    assert len(kept) + len(dropped) == 6  # every input line is in one output
+    with Store.open(store, read_only=True) as opened:
+        assert len(opened) == 4
+    again = _run(runner, *_dedup_args(archive, tmp_path), "--fail-on-duplicates")
+    assert again.exit_code == 1  # dropped lines, key clashes included
 
 
 def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -> None:
