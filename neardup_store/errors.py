@@ -8,6 +8,8 @@ message, so callers never parse text.
 
 from __future__ import annotations
 
+_SHOWN = 120  # the most characters of a refused value an error message repeats
+
 
 class NeardupError(Exception):
     """Root of every error this package raises deliberately."""
@@ -17,7 +19,10 @@ class InvalidParameterError(NeardupError, ValueError):
     """A configuration value is outside its valid range or of the wrong kind."""
 
     def __init__(self, name: str, value: object, expected: str) -> None:
-        super().__init__(f"{name}={value!r} is not valid: expected {expected}")
+        shown = repr(value)
+        if len(shown) > _SHOWN:  # a whole array or text would bury the message
+            shown = f"{shown[: _SHOWN - 20]}... ({len(shown)} characters)"
+        super().__init__(f"{name}={shown} is not valid: expected {expected}")
         self.name, self.value, self.expected = name, value, expected
 
 

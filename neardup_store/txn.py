@@ -980,7 +980,7 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         check_batch(items, *SIGNATURE_ITEMS)
-        batch = [document_item(entry) for entry in items]
+        batch = [document_item(entry, "signature") for entry in items]
         if not batch:
             return 0
         return self._add_batch(
@@ -1141,7 +1141,7 @@ class WriteTxn(ReadTxn):
         self._store._check_writable()
         threshold = self._store._check_threshold(threshold)
         check_batch(items, *UNIQUE_SIGNATURE_ITEMS)
-        batch = [document_item(entry) for entry in items]
+        batch = [document_item(entry, "signature") for entry in items]
         if not batch:
             return []
         prepared = prepare_batch(self._store, batch, self._stack_signatures(batch))
@@ -1272,10 +1272,14 @@ def prepare_batch(
     )
 
 
-def document_item(entry: object) -> tuple[object, object, object]:
-    """``(key, document)`` or ``(key, document, metadata)`` as a triple (metadata ``None``)."""
+def document_item(entry: object, second: str = "text") -> tuple[object, object, object]:
+    """``(key, document)`` or ``(key, document, metadata)`` as a triple (metadata ``None``);
+    ``second`` names what the document is (``"text"`` or ``"signature"``) in the error."""
     if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
-        raise InvalidParameterError("item", entry, "a (key, text) or (key, text, metadata) tuple")
+        expected = f"a (key, {second}) or (key, {second}, metadata) tuple"
+        if second == "signature":
+            expected += "; pair an array's rows with keys: zip(keys, signatures)"
+        raise InvalidParameterError("item", entry, expected)
     return (entry[0], entry[1], entry[2] if len(entry) == 3 else None)
 
 

@@ -63,6 +63,9 @@ def _ids(cases: list[Case]) -> list[str]:
 # -- the table --------------------------------------------------------------------------------
 
 
+MAX_MESSAGE = 400  # characters: a refused value is shown shortened, never whole
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_refused_input_raises_its_typed_error_and_changes_nothing(
     tmp_path: Path, case: Case
@@ -71,6 +74,7 @@ def test_refused_input_raises_its_typed_error_and_changes_nothing(
     assert outcome.typed, f"{outcome.raised}: {outcome.message}"
     assert outcome.names_problem, f"{case.fragment!r} not in {outcome.message!r}"
     assert not outcome.state_changed
+    assert len(outcome.message) <= MAX_MESSAGE, outcome.message  # readable, not a dump
 
 
 def test_the_table_covers_every_operation() -> None:
