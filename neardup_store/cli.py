@@ -772,14 +772,20 @@ def _is_empty(store: Store, text: str) -> bool:
     return False
 
 
-_format_option = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["jsonl", "csv", "table"]),
-    default="jsonl",
-    show_default=True,
-    help="Output format.",
-)
+def _format_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--format jsonl|csv|table``, with ``--json`` for ``--format jsonl`` as every other
+    command spells JSON lines."""
+    command = click.option(
+        "--json", "fmt", flag_value="jsonl", help="JSON lines (the same as --format jsonl)."
+    )(command)
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["jsonl", "csv", "table"]),
+        default="jsonl",
+        show_default=True,
+        help="Output format.",
+    )(command)
 
 
 @cli.command()

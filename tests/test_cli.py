@@ -440,6 +440,10 @@ def test_pairs_and_clusters_formats(runner: CliRunner, store_path: Path) -> None
     assert csv_clusters[0] == "cluster,key" and len(csv_clusters) == 5
     table = _run(runner, "clusters", store_path, "--format", "table").output.splitlines()
     assert table[0].split() == ["cluster", "key"]
+    # --json, as every other command spells JSON lines, is --format jsonl
+    assert _run(runner, "pairs", store_path, "--json").output == pairs.output
+    as_json = _run(runner, "clusters", store_path, "--format", "table", "--json")
+    assert as_json.exit_code == 0 and _jsonl(as_json.output) == clusters
 
 
 def test_info_and_stats(runner: CliRunner, store_path: Path) -> None:
