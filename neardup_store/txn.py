@@ -296,7 +296,7 @@ class ReadTxn:
         """:meth:`query` for many texts (signed in one batch) or many signatures."""
         _check_one_of(documents, signatures, "documents/signatures")
         if documents is not None:
-            check_batch(documents)
+            check_batch(documents, "documents", "query()")
             texts = list(documents) if exact is not None else documents
             sigs = self._store.hasher.signatures(texts, encoding)
         else:

@@ -385,7 +385,7 @@ CASES: list[Case] = [
          lambda t: t.add_many_if_unique("ab")),
     Case("add_signatures_if_unique of one str", "add_signatures", BatchTypeError,
          "add_if_unique(key, signature=...)", lambda t: t.add_signatures_if_unique("ab")),
-    Case("query_many of one str", "query", BatchTypeError, "iterable of documents",
+    Case("query_many of one str", "query", BatchTypeError, "call query()",
          lambda t: t.query_many(TEXT)),
     Case("add with neither text nor signature", "add", InvalidParameterError, "neither given",
          lambda t: t.add("new")),
