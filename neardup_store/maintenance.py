@@ -638,7 +638,7 @@ def _copy(
     env = store._require_env()
     copy = None
     try:
-        with contextlib.ExitStack() as stack:
+        with store._typed_engine_errors(), contextlib.ExitStack() as stack:
             if txn is None:
                 txn = stack.enter_context(env.begin())
             copy = lmdb.open(
@@ -652,11 +652,6 @@ def _copy(
             documents = int(txn.stat(store._docs_db)["entries"])
             _copy_tables(env, txn, copy, documents, progress or (lambda done: None))
             copy.sync(True)
-    except lmdb.Error as err:
-        typed = store._translate(err)
-        if typed is err:
-            raise
-        raise typed from err
     finally:
         if copy is not None:
             copy.close()

@@ -643,26 +643,31 @@ class Store:
             writer = WriteTxn(self, txn)
             state.writing = True
             try:
-                try:
-                    yield writer
-                except BaseException as err:
-                    writer._finish(commit=False)
-                    typed = self._translate(err) if isinstance(err, lmdb.Error) else err
-                    if typed is err:
+                with self._typed_engine_errors():
+                    try:
+                        yield writer
+                    except BaseException:
+                        writer._finish(commit=False)
                         raise
-                    raise typed from err
                 purge_due = writer._unlinked and self._purge_due(writer)
-                try:
+                with self._typed_engine_errors():
                     writer._finish(commit=True)
-                except lmdb.Error as err:
-                    typed = self._translate(err)
-                    if typed is err:
-                        raise
-                    raise typed from err
             finally:
                 state.writing = False
         if purge_due:
             self.purge()
+
+    @contextmanager
+    def _typed_engine_errors(self) -> Iterator[None]:
+        """Raise an engine error from the block as its typed error (:meth:`_translate`),
+        or as it is when none fits."""
+        try:
+            yield
+        except lmdb.Error as err:
+            typed = self._translate(err)
+            if typed is err:
+                raise
+            raise typed from err
 
     def _translate(self, err: lmdb.Error) -> Exception:
         """The typed error for an engine error raised while writing (``err`` if none fits).
