@@ -51,6 +51,10 @@ class _Group(click.Group):
             # unreadable input) is an input error: Click's own exit code for it is 1.
             err.exit_code = InputError.exit_code
             raise
+        except OSError as err:
+            if err.filename is None:
+                raise  # not about a path the user named: a real failure, with its traceback
+            raise InputError(f"{err.filename}: {err.strerror or err}") from err
 
 
 # Library messages name Python arguments; on the command line the same advice is a flag.
@@ -998,7 +1002,7 @@ def purge(path: str, batch_size: int | Literal["auto"], as_json: bool) -> None:
 
 @cli.command()
 @click.argument("path", type=STORE)
-@click.option("--repair", is_flag=True, help="Re-derive band tables from the signatures.")
+@click.option("--repair", is_flag=True, help="Re-derive the keys and band tables from the records.")
 @_json_option
 def check(path: str, repair: bool, as_json: bool) -> None:
     """Check the store's invariants; exit 1 when violations are (still) present.

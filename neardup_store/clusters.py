@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .lsh import LSHParams, band_keys, candidate_pairs
+from .params import valid_threshold
 
 
 def connected_components(count: int, pairs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -36,6 +37,7 @@ def verified_pairs(
 
     Returns the pairs ``(m, 2)`` and their estimated similarities.
     """
+    valid_threshold(threshold)
     pairs = candidate_pairs(band_keys(signatures, params, seed))
     scores = (signatures[pairs[:, 0]] == signatures[pairs[:, 1]]).mean(axis=1)
     keep = scores >= threshold

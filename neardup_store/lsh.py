@@ -62,8 +62,15 @@ def _check_threshold(threshold: float) -> float:
 
 
 def s_curve(similarity: float | npt.ArrayLike, bands: int, rows: int) -> npt.NDArray[np.float64]:
-    """Probability ``1 - (1 - s**rows)**bands`` that a pair of similarity ``s`` is a candidate."""
+    """Probability ``1 - (1 - s**rows)**bands`` that a pair of similarity ``s`` is a candidate.
+
+    Raises:
+        InvalidParameterError: a similarity outside [0, 1], or ``bands``/``rows`` below 1.
+    """
+    LSHParams(bands, rows)  # checks both
     s = np.asarray(similarity, dtype=np.float64)
+    if s.size and not (np.all(s >= 0.0) and np.all(s <= 1.0)):  # also refuses NaN
+        raise InvalidParameterError("similarity", similarity, "values in [0, 1]")
     return 1.0 - (1.0 - s**rows) ** bands
 
 

@@ -601,12 +601,20 @@ def backup(
     began; open it with :meth:`Store.open` like any store.
 
     Raises:
-        InvalidParameterError: ``path`` is a file or already holds a store.
+        InvalidParameterError: ``path`` is not a new or empty directory, lies inside the
+            store, or cannot be made.
     """
     target = Path(path)
-    if target.exists() and (not target.is_dir() or (target / "data.mdb").exists()):
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InvalidParameterError("path", str(target), "a new or empty directory")
-    target.mkdir(parents=True, exist_ok=True, mode=stat.S_IMODE(store.path.stat().st_mode))
+    if target.resolve().is_relative_to(store.path.resolve()):
+        raise InvalidParameterError("path", str(target), "a directory outside the store")
+    try:
+        target.mkdir(parents=True, exist_ok=True, mode=stat.S_IMODE(store.path.stat().st_mode))
+    except OSError as err:
+        raise InvalidParameterError(
+            "path", str(target), f"a directory that can be made ({err.strerror})"
+        ) from None
     with store.read() as reader:
         documents = len(reader)
         try:

@@ -626,7 +626,8 @@ class Store:
         """A write transaction: commits on a clean exit, rolls back if the block raises.
 
         After a commit that removed documents, :meth:`purge` runs when the removals
-        awaiting one have passed :data:`PURGE_FRACTION` of the documents.
+        awaiting one have passed :data:`PURGE_FRACTION` of the documents (and
+        :data:`MIN_TRANSACTION`).
         """
         self._check_writable()
         state = self._thread_state
@@ -965,7 +966,8 @@ class Store:
 
         Removing moves a document out of every index but the band tables, whose entries
         it leaves for this to delete many at a time. It runs on its own after a removal
-        once they exceed :data:`PURGE_FRACTION` of the documents, and before a compaction.
+        once they exceed :data:`PURGE_FRACTION` of the documents and
+        :data:`MIN_TRANSACTION`, and before a compaction.
         ``progress`` is called with the number purged so far after each commit.
         """
         self._check_writable()

@@ -8,6 +8,7 @@ import pytest
 from neardup_store import Shingler, hashed_jaccard
 from neardup_store.clusters import connected_components, duplicate_groups, verified_pairs
 from neardup_store.demo import make_corpus, run_demo
+from neardup_store.errors import InvalidParameterError
 from neardup_store.lsh import LSHParams
 from neardup_store.minhash import MinHashConfig, MinHasher
 
@@ -16,6 +17,15 @@ def test_connected_components_of_chains_and_singletons() -> None:
     pairs = np.array([[5, 6], [1, 2], [2, 3], [6, 0]], dtype=np.int64)
     assert connected_components(8, pairs).tolist() == [0, 1, 1, 1, 4, 0, 0, 7]
     assert connected_components(3, np.empty((0, 2), dtype=np.int64)).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.5, -0.2])
+def test_verified_pairs_refuses_a_threshold_outside_the_unit_interval(threshold: float) -> None:
+    """As the store does: above 1 would silently find nothing, 0 would keep every candidate."""
+    sigs = np.zeros((3, 64), dtype=np.uint32)
+    with pytest.raises(InvalidParameterError, match="threshold="):
+        verified_pairs(sigs, LSHParams(16, 4), threshold)
+    assert len(verified_pairs(sigs, LSHParams(16, 4), 1.0)[0]) == 3  # identical rows: all pairs
 
 
 def test_long_chain_converges() -> None:

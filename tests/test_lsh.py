@@ -37,6 +37,15 @@ def test_table_for_5_bands_of_7_rows() -> None:
     assert params.approx_threshold == pytest.approx(0.7946, abs=1e-4)  # (1/5)**(1/7)
 
 
+def test_s_curve_refuses_what_is_no_probability_or_banding() -> None:
+    for similarity, bands, rows, name in [
+        (1.5, 25, 10, "similarity"), ([0.5, -0.1], 25, 10, "similarity"),
+        (float("nan"), 25, 10, "similarity"), (0.8, 0, 10, "bands"), (0.8, 25, 0, "rows"),
+    ]:  # fmt: skip
+        with pytest.raises(InvalidParameterError, match=f"^{name}="):
+            s_curve(similarity, bands, rows)
+
+
 def test_s_curve_is_vectorised_and_monotone() -> None:
     s = np.linspace(0, 1, 101)
     p = s_curve(s, 9, 13)

@@ -935,3 +935,27 @@ def test_backup_is_a_hot_consistent_copy(store: Store, tmp_path: Path, corpus: D
         assert report.file_bytes == (tmp_path / "backup" / "data.mdb").stat().st_size
     with pytest.raises(InvalidParameterError):
         store.backup(tmp_path / "backup")
+
+
+def test_backup_goes_only_to_a_new_or_empty_directory_outside_the_store(
+    store: Store, tmp_path: Path
+) -> None:
+    """Not beside someone's files, not inside the live store, not where no directory can
+    be made; each refused before anything is written."""
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("important")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for target, expected in [
+        (occupied, "a new or empty directory"),
+        (store.path / "inner", "outside the store"),
+        (blocker / "sub", "can be made"),
+    ]:
+        with pytest.raises(InvalidParameterError, match=expected):
+            store.backup(target)
+    assert sorted(p.name for p in occupied.iterdir()) == ["notes.txt"]
+    assert not (store.path / "inner").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert store.backup(empty).documents == len(store)

@@ -124,7 +124,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "local": local,
         "pairs": pairs,
         "clusters": clusters,
-        "failed": sorted(f.reason for f in result.failed),
+        "failed": sorted((f.line, f.reason) for f in result.failed),
     }
 
 
@@ -228,7 +228,39 @@ def test_unusable_lines_are_reported_as_locally(dedup_out: Any, corpus: dict[str
     out, report = dedup_out
     failed = _json_parts(out / "failed")
     assert report.failed == 2
-    assert sorted(row["error"] for row in failed) == corpus["failed"]
+    assert sorted((row["line_number"], row["error"]) for row in failed) == corpus["failed"]
+    assert {row["file"] for row in failed} == {corpus["source"].resolve().as_uri()}
+
+
+def test_several_files_are_read_in_the_order_given(spark: Any, tmp_path: Path) -> None:
+    """The earliest document is the earliest as the local tools read the files: in the
+    order given, whatever their sizes (Spark packs larger files first). A bad line is
+    named by its file and line."""
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(400)]
+    original = " ".join(rng.choices(words, k=300))
+    copy = original.replace(original.split()[5], "changed", 1)
+    first = tmp_path / "a-small.jsonl"
+    first.write_text(json.dumps({"id": "original", "text": original}) + "\n")
+    second = tmp_path / "b-large.jsonl"
+    others = [json.dumps({"id": f"o{i}", "text": " ".join(rng.choices(words, k=300))})
+              for i in range(60)]  # fmt: skip
+    second.write_text(
+        "\n".join([json.dumps({"id": "copy", "text": copy}), *others, "{broken"]) + "\n"
+    )
+    out = tmp_path / "out"
+    params = _store_params()
+    nds.run_dedup(spark, [str(first), str(second)], out, params)
+    kept = [json.loads(line)["id"] for part in sorted((out / "kept").glob("part-*"))
+            for line in part.read_text().splitlines()]  # fmt: skip
+    assert kept[:2] == ["original", "o0"] and "copy" not in kept
+    clusters = {row["id"]: row["representative"] for row in _json_parts(out / "clusters")}
+    assert clusters == {"original": "original", "copy": "original"}
+    (failed,) = _json_parts(out / "failed")
+    assert (failed["file"], failed["line_number"]) == (second.resolve().as_uri(), 62)
+    with _open_local(tmp_path / "local.ndx", params, create=True) as store:
+        result = ingest.ingest(store, ingest.read_inputs([first, second], jsonl=True), unique=True)
+        assert "original" in store and "copy" not in store and result.failed[0].line == 62
 
 
 # -- bulk load ----------------------------------------------------------------------------------
@@ -423,3 +455,32 @@ def test_spark_load_cli_and_errors(
         cli, ["spark-dedup", str(corpus["source"]), "--out", str(out), "--conf", "nonsense"]
     )
     assert busy.exit_code == 2 and "expected KEY=VALUE" in busy.output
+
+
+def test_spark_commands_refuse_unusable_paths_before_any_work(
+    spark: Any, dedup_out: Any, corpus: dict[str, Any], tmp_path: Path
+) -> None:
+    """A missing input, an output a stopped run left without its signatures, and
+    destinations that cannot be made: one Error line each, exit 2, nothing made."""
+    out, _ = dedup_out
+    runner = CliRunner()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    missing = runner.invoke(
+        cli, ["spark-dedup", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")]
+    )
+    assert missing.exit_code == 2, missing.output
+    assert missing.output.startswith("Error: input=") and "an existing file" in missing.output
+    assert not (tmp_path / "o").exists()
+    unmakeable = runner.invoke(
+        cli, ["spark-dedup", str(corpus["source"]), "--out", str(blocker / "o")]
+    )
+    assert unmakeable.exit_code == 2 and "can be made" in unmakeable.output
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "params.json").write_bytes((Path(out) / "params.json").read_bytes())
+    unfinished = runner.invoke(cli, ["spark-load", str(stopped), str(tmp_path / "s.ndx")])
+    assert unfinished.exit_code == 2 and "finished spark-dedup output" in unfinished.output
+    nowhere = runner.invoke(cli, ["spark-load", str(out), str(blocker / "s.ndx")])
+    assert nowhere.exit_code == 2 and "can be made" in nowhere.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "stopped"]

@@ -10,7 +10,8 @@ files, one per partition):
 ``pairs/``         JSON lines: ``first, second`` (ids, first is the earlier), ``score``
 ``clusters/``      JSON lines: ``id, representative`` for every member of a cluster
 ``kept/``          text: the input lines kept, one per cluster plus every unclustered one
-``failed/``        JSON lines: ``ordinal`` and ``error`` of unusable input lines
+``failed/``        JSON lines: ``ordinal``, ``error``, ``file`` (URI) and ``line_number`` of
+                   unusable input lines
 ``summary.json``   counts and the seconds spent in each stage
 =================  ====================================================================
 """
@@ -94,6 +95,16 @@ def _check_empty(name: str, path: Path) -> None:
         raise InvalidParameterError(name, str(path), "a new or empty directory")
 
 
+def _make_directory(name: str, path: Path) -> None:
+    """Make ``path`` (and its parents), or say why it cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidParameterError(
+            name, str(path), f"a directory that can be made ({err.strerror})"
+        ) from None
+
+
 def run_dedup(
     spark: SparkSession,
     inputs: list[str],
@@ -120,10 +131,13 @@ def run_dedup(
     Raises:
         InvalidParameterError: ``out`` is not empty, or a parameter is out of range.
     """
+    for source in inputs:  # before anything is made: Spark would fail late, with a traceback
+        if "://" not in str(source) and not Path(source).exists():
+            raise InvalidParameterError("input", str(source), "an existing file or directory")
     out_path = Path(out)
     if "://" not in str(out):
         _check_empty("out", out_path)
-        out_path.mkdir(parents=True, exist_ok=True)
+        _make_directory("out", out_path)
     uri = str(out) if "://" in str(out) else out_path.resolve().as_uri()
     seconds: dict[str, float] = {}
     lines = pipeline.read_jsonl(spark, list(inputs))
@@ -184,9 +198,11 @@ def _check_unique_ids(docs: DataFrame) -> None:
 
     repeated = docs.groupBy("id").count().filter(sf.col("count") > 1).limit(3).collect()
     if repeated:
-        shown = ", ".join(repr(row["id"]) for row in repeated)
         raise InvalidParameterError(
-            "id", shown, "unique document ids (a store holds one document per key)"
+            "ids",
+            [row["id"] for row in repeated],
+            "unique document ids (a store holds one document per key); drop the repeated"
+            " lines first: unlike add and dedup, spark-dedup does not skip them",
         )
 
 
@@ -223,7 +239,7 @@ def _write_outputs(
         "id", sf.col("rep_id").alias("representative")
     ).write.json(f"{base}/clusters")
     dropped = members.filter(sf.col("ordinal") != sf.col("representative")).select("ordinal")
-    failed = pipeline.failures(signed)
+    failed = pipeline.failures(signed, lines)
     kept = lines.join(dropped, "ordinal", "left_anti").join(
         failed.select("ordinal"), "ordinal", "left_anti"
     )
@@ -289,6 +305,7 @@ def bulk_load(
     target = Path(path)
     _check_empty("path", target)
     check_batch_size(batch_size)
+    _make_directory("path", target.parent)
     started = time.perf_counter()
     building = target.parent / f".{target.name}.loading-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
@@ -342,5 +359,10 @@ def load_output(
         params, uri = params_from_dict(json.loads(text)), str(out).rstrip("/")
     else:
         params, uri = read_params(out), Path(out).resolve().as_uri()
+        if not (Path(out) / "signatures" / "_SUCCESS").exists():
+            raise InvalidParameterError(
+                "out", str(out), "a finished spark-dedup output (its signatures/ is missing"
+                " or incomplete: the run stopped before writing it; run it again)"
+            )  # fmt: skip
     docs = spark.read.parquet(f"{uri}/signatures")
     return bulk_load(docs, path, params, batch_size=batch_size, progress=progress)

@@ -1,10 +1,12 @@
 """Signatures, verified near-duplicate pairs and clusters of a corpus, computed on Spark.
 
-Every document gets an ``ordinal``: its position in the input (partition-major, which for
-one JSON-lines file is line order). Ordinals are the node ids of the pair graph, so the
-"first" of a pair and the representative of a cluster are the earliest documents, as in
-a store fed the same input in order (and in ``neardup-admin dedup``, which keeps the
-first of each group).
+Every document gets an ``ordinal``: its position in the input. For JSON lines
+(:func:`read_jsonl`) that is the order the local tools read: the paths as given, each
+directory's files by name, each file's lines in order; for a DataFrame (:func:`sign`),
+its partition-major row order unless it brings an ``ordinal`` column. Ordinals are
+the node ids of the pair graph, so the "first" of a pair and the representative of a
+cluster are the earliest documents, as in a store fed the same input in order (and in
+``neardup-admin dedup``, which keeps the first of each group).
 
 Stages:
 
@@ -210,9 +212,66 @@ def sign_jsonl(
     )  # fmt: skip
 
 
+LINE_BITS = 40
+"""An input line's ordinal is its file's rank times 2**40 plus its index in the file."""
+
+
 def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
-    """The lines of JSON-lines files as ``(ordinal, line)``."""
-    return with_ordinals(spark.read.text(paths).withColumnRenamed("value", "line"))
+    """The lines of JSON-lines files as ``(ordinal, line, file, line_number)``, ordinals
+    in the order the local tools read them: the paths as given, each directory's or
+    glob's files by name, each file's lines in order.
+
+    Spark packs the files it reads into partitions by size, so its own row order is not
+    the input order once there are several files. Within a partition a file's rows are
+    contiguous and in order, and the splits of one file keep their order, so counting
+    each file's rows per partition (a small table, collected) gives every row its line
+    number, and the files' ranks give the ordinal.
+    """
+    from pyspark.sql import functions as sf
+
+    frames = [
+        spark.read.text(path)
+        .withColumnRenamed("value", "line")
+        .withColumn("file", sf.input_file_name())
+        .withColumn("argument", sf.lit(index))
+        for index, path in enumerate(paths)
+    ]
+    lines = functools.reduce(lambda a, b: a.unionByName(b), frames)
+    lines = (
+        lines.withColumn("part", sf.spark_partition_id())
+        .withColumn("position", sf.monotonically_increasing_id())
+        .persist()
+    )
+    chunks = (
+        lines.groupBy("argument", "file", "part")
+        .agg(sf.min("position").alias("first"), sf.count("*").alias("rows"))
+        .collect()
+    )
+    bases = spark.createDataFrame(_chunk_bases(chunks), "file string, part int, base long")
+    ordinal = sf.col("base") + sf.col("position")
+    return lines.join(sf.broadcast(bases), ["file", "part"]).select(
+        ordinal.alias("ordinal"),
+        "line",
+        "file",
+        (ordinal % (1 << LINE_BITS) + 1).alias("line_number"),
+    )
+
+
+def _chunk_bases(chunks: list[Any]) -> list[tuple[str, int, int]]:
+    """For each (file, partition) chunk: what to add to a row's position to get its
+    ordinal (file rank * 2**40 + the row's index in its file)."""
+    files = sorted({(row["argument"], row["file"]) for row in chunks})
+    rank = {file: i for i, (_, file) in enumerate(files)}
+    if len(files) >= 1 << (63 - LINE_BITS):
+        raise InvalidParameterError(
+            "inputs", f"{len(files)} files", f"fewer than 2**{63 - LINE_BITS}"
+        )
+    bases, seen = [], dict.fromkeys(rank, 0)
+    for row in sorted(chunks, key=lambda r: (rank[r["file"]], r["part"])):
+        start = (rank[row["file"]] << LINE_BITS) + seen[row["file"]]
+        bases.append((row["file"], row["part"], start - row["first"]))
+        seen[row["file"]] += row["rows"]
+    return bases
 
 
 def _run_signing(
@@ -232,9 +291,13 @@ def documents(signed: DataFrame) -> DataFrame:
     return signed.filter(signed.error.isNull()).drop("error")
 
 
-def failures(signed: DataFrame) -> DataFrame:
-    """The failed inputs of a signing stage's output: ``ordinal`` and ``error``."""
-    return signed.filter(signed.error.isNotNull()).select("ordinal", "error")
+def failures(signed: DataFrame, lines: DataFrame | None = None) -> DataFrame:
+    """The failed inputs of a signing stage's output: ``ordinal`` and ``error``, and
+    ``file`` and ``line_number`` when the ``lines`` of :func:`read_jsonl` are given."""
+    failed = signed.filter(signed.error.isNotNull()).select("ordinal", "error")
+    if lines is None:
+        return failed
+    return failed.join(lines.select("ordinal", "file", "line_number"), "ordinal", "left")
 
 
 # -- stage 2: candidate pairs, verified ----------------------------------------------------------
