@@ -29,6 +29,7 @@ from .errors import EmptyDocumentError, NeardupError, StoreNotFoundError
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
+from .params import StoreParams, resolve_params
 from .store import Store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding
 from .txn import Match
@@ -90,8 +91,9 @@ def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
 
 # -- shared plumbing ------------------------------------------------------------------------------
 
-STORE = click.Path(exists=True, file_okay=False)
-"""A store argument: a missing path is a usage error (exit 2) before anything is opened."""
+STORE = click.Path()
+"""A store argument. Opening it checks it: a missing path is the library's
+StoreNotFoundError, one ``Error:`` line (exit 2) that says how to make a store."""
 
 _json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON lines instead of a table."
@@ -258,28 +260,60 @@ def _source_texts(
 # -- creating and choosing parameters -------------------------------------------------------------
 
 
+_PARAMS_OPTIONS = [
+    click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8)."),
+    click.option(
+        "--num-perm", type=int, default=None, help=f"Signature length (default {DEFAULT_NUM_PERM})."
+    ),
+    click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme."),
+    click.option("--seed", type=int, default=None, help="Hash seed (default 1)."),
+    click.option(
+        "--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True
+    ),
+    click.option(
+        "--shingle-size", type=int, default=None, help="Units per shingle (kind default)."
+    ),
+    click.option("--bag", is_flag=True, help="Count repeated shingles (bag, not set)."),
+    click.option("--nfkc/--no-nfkc", default=True, show_default=True, help="NFKC-normalise."),
+    click.option("--casefold/--no-casefold", default=True, show_default=True, help="Casefold."),
+    click.option(
+        "--collapse-whitespace/--no-collapse-whitespace",
+        default=True,
+        show_default=True,
+        help="Turn runs of white space into one blank.",
+    ),
+    click.option("--strip/--no-strip", default=True, show_default=True, help="Strip the ends."),
+    click.option("--bands", type=int, default=None, help="Explicit bands (with --rows)."),
+    click.option("--rows", type=int, default=None, help="Explicit rows (with --bands)."),
+]
+
+
+def _params_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Every option that fixes a store's parameters: one list for init and spark-dedup, so
+    a store made one way can be made the other."""
+    for option in reversed(_PARAMS_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _params_from(options: dict[str, Any]) -> StoreParams:
+    """The parameters :func:`_params_options` asked for (defaults where not given)."""
+    shingles = ShingleConfig(
+        kind=options["shingle_kind"],
+        size=options["shingle_size"],
+        bag=options["bag"],
+        nfkc=options["nfkc"],
+        casefold=options["casefold"],
+        collapse_whitespace=options["collapse_whitespace"],
+        strip=options["strip"],
+    )
+    names = ("threshold", "num_perm", "scheme", "seed")
+    return resolve_params(*(options[n] for n in names), shingles, options["bands"], options["rows"])
+
+
 @cli.command()
 @click.argument("path", type=click.Path(file_okay=False))
-@click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8).")
-@click.option(
-    "--num-perm", type=int, default=None, help=f"Signature length (default {DEFAULT_NUM_PERM})."
-)
-@click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme.")
-@click.option("--seed", type=int, default=None, help="Hash seed (default 1).")
-@click.option("--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True)
-@click.option("--shingle-size", type=int, default=None, help="Units per shingle (kind default).")
-@click.option("--bag", is_flag=True, help="Count repeated shingles (bag, not set).")
-@click.option("--nfkc/--no-nfkc", default=True, show_default=True, help="NFKC-normalise.")
-@click.option("--casefold/--no-casefold", default=True, show_default=True, help="Casefold.")
-@click.option(
-    "--collapse-whitespace/--no-collapse-whitespace",
-    default=True,
-    show_default=True,
-    help="Turn runs of white space into one blank.",
-)
-@click.option("--strip/--no-strip", default=True, show_default=True, help="Strip the ends.")
-@click.option("--bands", type=int, default=None, help="Explicit bands (with --rows).")
-@click.option("--rows", type=int, default=None, help="Explicit rows (with --bands).")
+@_params_options
 @click.option(
     "--mode",
     default="700",
@@ -288,24 +322,7 @@ def _source_texts(
     "750 lets the group read it.",
 )
 @_json_option
-def init(
-    path: str,
-    threshold: float | None,
-    num_perm: int | None,
-    scheme: str | None,
-    seed: int | None,
-    shingle_kind: str,
-    shingle_size: int | None,
-    bag: bool,
-    nfkc: bool,
-    casefold: bool,
-    collapse_whitespace: bool,
-    strip: bool,
-    bands: int | None,
-    rows: int | None,
-    mode: str,
-    as_json: bool,
-) -> None:
+def init(path: str, mode: str, as_json: bool, **params_options: Any) -> None:
     """Create a new, empty store and print the banding chosen for it.
 
     Refuses a path that already holds a store: parameters are fixed at creation
@@ -327,27 +344,8 @@ def init(
         pass
     else:
         raise InputError(f"{path}: a store already exists here; init only creates new stores")
-    shingles = ShingleConfig(
-        kind=shingle_kind,  # type: ignore[arg-type]
-        size=shingle_size,
-        bag=bag,
-        nfkc=nfkc,
-        casefold=casefold,
-        collapse_whitespace=collapse_whitespace,
-        strip=strip,
-    )
-    with Store.open(
-        path,
-        create=True,
-        threshold=threshold,
-        num_perm=num_perm,
-        scheme=scheme,
-        seed=seed,
-        shingles=shingles,
-        bands=bands,
-        rows=rows,
-        mode=permissions,
-    ) as store:
+    asked = _params_from(params_options)
+    with Store.open(path, create=True, mode=permissions, **asked.open_options()) as store:
         params = store.params
     summary = render.banding_summary(params.banding, params.threshold)
     if as_json:
@@ -1193,16 +1191,7 @@ _conf_option = click.option(
 @click.option("--out", required=True, help="A new or empty output directory (or URI).")
 @_master_option
 @_conf_option
-@click.option("--threshold", type=float, default=None, help="Jaccard threshold (default 0.8).")
-@click.option(
-    "--num-perm", type=int, default=None, help=f"Signature length (default {DEFAULT_NUM_PERM})."
-)
-@click.option("--scheme", type=click.Choice(SCHEMES), default=None, help="MinHash scheme.")
-@click.option("--seed", type=int, default=None, help="Hash seed (default 1).")
-@click.option("--shingle-kind", type=click.Choice(SHINGLE_KINDS), default="char", show_default=True)
-@click.option("--shingle-size", type=int, default=None, help="Units per shingle (kind default).")
-@click.option("--bands", type=int, default=None, help="Explicit bands (with --rows).")
-@click.option("--rows", type=int, default=None, help="Explicit rows (with --bands).")
+@_params_options
 @click.option("--id-field", default="id", show_default=True, help="JSON-lines key field.")
 @click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
 @click.option(
@@ -1221,19 +1210,12 @@ def spark_dedup(
     out: str,
     master: str,
     conf: tuple[str, ...],
-    threshold: float | None,
-    num_perm: int | None,
-    scheme: str | None,
-    seed: int | None,
-    shingle_kind: str,
-    shingle_size: int | None,
-    bands: int | None,
-    rows: int | None,
     id_field: str,
     text_field: str,
     partitions: int | None,
     max_bucket: int,
     as_json: bool,
+    **params_options: Any,
 ) -> None:
     """Deduplicate JSON-lines files on Spark: signatures, pairs, clusters, kept lines.
 
@@ -1248,11 +1230,9 @@ def spark_dedup(
         neardup-admin spark-dedup hdfs:///corpus/*.jsonl --out hdfs:///dedup-out \\
             --master yarn --partitions 4000 --conf spark.executor.memory=8g
     """
-    from .params import resolve_params
     from .spark import job
 
-    shingles = ShingleConfig(kind=shingle_kind, size=shingle_size)  # type: ignore[arg-type]
-    store_params = resolve_params(threshold, num_perm, scheme, seed, shingles, bands, rows)
+    store_params = _params_from(params_options)
     session = _session(master, conf)
     report = job.run_dedup(
         session,

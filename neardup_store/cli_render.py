@@ -206,6 +206,7 @@ def render_stats(stats: StoreStats, as_json: bool) -> None:
     base = {
         "documents": stats.documents,
         "awaiting_purge": stats.awaiting_purge,
+        "commit_counter": stats.commit_counter,
         "generation": stats.generation,
         "format_version": stats.format_version,
         "file_bytes": stats.file_bytes,

@@ -318,7 +318,7 @@ def parse_line(
         return Failure(source, reason, file, line, key, error)
 
     try:
-        obj = json.loads(raw.decode(encoding))
+        obj = json.loads(raw.decode(encoding).rstrip("\r\n"))  # an error's column on this line
     except UnicodeDecodeError as err:
         return failure(_decode_reason(err, encoding), type(err).__name__)
     except json.JSONDecodeError as err:

@@ -369,10 +369,13 @@ def test_a_missing_store_is_one_error_line(
     result = _run(runner, name, empty, *rest)
     assert result.exit_code == 2
     assert result.output == f"Error: {empty}: no store here; run `neardup-admin init` to make one\n"
-    gone = _run(runner, name, tmp_path / "gone", *rest)
+    gone = _run(runner, name, tmp_path / "gone", *rest)  # no directory: the same one line
+    assert gone.exit_code == 2
     assert (
-        gone.exit_code == 2 and "does not exist" in gone.output and "Traceback" not in gone.output
+        gone.output
+        == f"Error: {tmp_path / 'gone'}: no store here; run `neardup-admin init` to make one\n"
     )
+    assert not (tmp_path / "gone").exists()
 
 
 def test_remove_keys_from_arguments_and_stdin(runner: CliRunner, store_path: Path) -> None:
@@ -414,6 +417,7 @@ def test_purge_deletes_what_removals_left_and_stats_count_it(
     assert commit_counter(store_path) == counter + 2  # one a document, none once nothing waits
     stats = _jsonl(_run(runner, "stats", store_path, "--json").output)
     assert stats[0]["awaiting_purge"] == 0
+    assert stats[0]["commit_counter"] == commit_counter(store_path)
     assert all(band["entries"] == 3 for band in stats[1:] if "band" in band)
     again = _run(runner, "purge", store_path)
     assert again.output == "Purged the band entries of 0 removed documents.\n"
@@ -670,7 +674,8 @@ def test_add_batch_size_is_a_count_or_auto(
 
 def test_add_to_a_missing_store_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
     result = _run(runner, "add", tmp_path / "nowhere", tmp_path)
-    assert result.exit_code == 2 and "does not exist" in result.output
+    assert result.exit_code == 2 and result.output.startswith(f"Error: {tmp_path / 'nowhere'}:")
+    assert "no store here" in result.output and len(result.output.splitlines()) == 1
 
 
 @pytest.mark.parametrize("encoding", ["bogus-codec", "base64"])

@@ -126,7 +126,7 @@ def test_jsonl_fields_and_metadata(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        (b'{"id": "x", "text": ', "malformed JSON"),
+        (b'{"id": "x", "text": ', "malformed JSON (Expecting value at column 21)"),
         (b'["id", "text"]', "expected a JSON object, got list"),
         (b'{"text": "no id"}', "missing field 'id'"),
         (b'{"id": "x"}', "missing field 'text'"),

@@ -457,6 +457,27 @@ def test_spark_load_cli_and_errors(
     assert busy.exit_code == 2 and "expected KEY=VALUE" in busy.output
 
 
+def test_spark_dedup_takes_every_parameter_init_takes(
+    spark: Any, corpus: dict[str, Any], tmp_path: Path
+) -> None:
+    """Bag shingles and normalisation switches too, so any store init can make has a
+    Spark run with the same parameters and signatures."""
+    flags = ["--threshold", "0.6", "--num-perm", "64", "--shingle-kind", "word",
+             "--shingle-size", "2", "--bag", "--no-casefold", "--no-nfkc",
+             "--no-collapse-whitespace", "--no-strip"]  # fmt: skip
+    runner = CliRunner()
+    made = runner.invoke(cli, ["init", str(tmp_path / "s.ndx"), *flags])
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "out"
+    ran = runner.invoke(cli, ["spark-dedup", str(corpus["source"]), "--out", str(out), *flags])
+    assert ran.exit_code == 1, ran.output  # the corpus's two unusable lines
+    with Store.open(tmp_path / "s.ndx") as store:
+        assert nds.read_params(out) == store.params and store.config.shingles.bag
+        first = json.loads(corpus["lines"][0])
+        signed = _signatures(out)[first["id"]][0]
+        assert signed == store.hasher.signature(first["text"]).astype("<u4").tobytes()
+
+
 def test_spark_commands_refuse_unusable_paths_before_any_work(
     spark: Any, dedup_out: Any, corpus: dict[str, Any], tmp_path: Path
 ) -> None:
