@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from .errors import InvalidParameterError
 from .lsh import LSHParams, band_keys, candidate_pairs
 from .params import valid_threshold
 
@@ -14,10 +15,19 @@ def connected_components(count: int, pairs: npt.NDArray[np.int64]) -> npt.NDArra
 
     Vectorised min-label propagation with pointer jumping; converges in a number of rounds
     logarithmic in the component diameter on typical inputs.
+
+    Raises:
+        InvalidParameterError: ``pairs`` is not ``(m, 2)`` or names a node outside
+            ``range(count)``.
     """
     labels = np.arange(count, dtype=np.int64)
+    pairs = np.asarray(pairs)
     if len(pairs) == 0:
         return labels
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.min() < 0 or pairs.max() >= count:
+        raise InvalidParameterError(
+            "pairs", f"shape {pairs.shape}", f"(m, 2) node indexes in range({count})"
+        )
     left, right = pairs[:, 0], pairs[:, 1]
     while True:
         low = np.minimum(labels[left], labels[right])

@@ -304,6 +304,10 @@ def candidate_pairs(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     so this is meant for in-memory batches; the store verifies candidates per query.
     """
     keys = np.asarray(keys)
+    if keys.ndim != 2:
+        raise InvalidParameterError(
+            "keys", f"shape {keys.shape}", "(documents, bands), as band_keys returns"
+        )
     n = len(keys)
     found: list[npt.NDArray[np.int64]] = []
     for band in range(keys.shape[1]):

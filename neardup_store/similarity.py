@@ -50,6 +50,8 @@ def bag_jaccard(
 
 def sum_union_from_max_union(similarity: float) -> float:
     """Convert a max-union bag similarity ``J`` to the sum-union one: ``J / (1 + J)``."""
+    if isinstance(similarity, bool) or not 0.0 <= similarity <= 1.0:
+        raise InvalidParameterError("similarity", similarity, "a number in [0, 1]")
     return similarity / (1.0 + similarity)
 
 

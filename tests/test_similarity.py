@@ -46,3 +46,16 @@ def test_estimate_jaccard_one_and_many() -> None:
     assert nd.estimate_jaccard(sig, others).tolist() == [1.0, 0.5, 0.0]
     with pytest.raises(nd.InvalidParameterError, match="same num_perm"):
         nd.estimate_jaccard(sig, np.zeros(5, dtype=np.uint32))
+
+
+def test_the_pure_helpers_refuse_what_they_cannot_mean() -> None:
+    """Typed errors, not a number that looks like an answer or a bare IndexError."""
+    with pytest.raises(nd.InvalidParameterError, match="similarity=2"):
+        nd.sum_union_from_max_union(2)
+    with pytest.raises(nd.InvalidParameterError, match=r"range\(3\)"):
+        nd.connected_components(3, np.array([[0, 7]]))
+    with pytest.raises(nd.InvalidParameterError, match="range"):
+        nd.connected_components(3, np.array([[-1, 2]]))
+    with pytest.raises(nd.InvalidParameterError, match=r"\(documents, bands\)"):
+        nd.candidate_pairs(np.arange(4, dtype=np.uint64))
+    assert nd.connected_components(3, np.array([[0, 2]])).tolist() == [0, 1, 0]
