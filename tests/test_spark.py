@@ -457,6 +457,16 @@ def test_spark_load_cli_and_errors(
     assert busy.exit_code == 2 and "expected KEY=VALUE" in busy.output
 
 
+def test_files_of_a_directory_rank_in_the_order_add_walks_them(tmp_path: Path) -> None:
+    from neardup_store.spark.pipeline import _file_order
+
+    for name in ("a/b.jsonl", "a-c.jsonl", "a b/é.jsonl", "Z.jsonl", "a/a/x.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}\n")
+    walked = [path.as_uri() for path in ingest._walk(tmp_path, ("*",))]
+    assert [uri for _, uri in sorted(((0, uri) for uri in walked[::-1]), key=_file_order)] == walked
+
+
 def test_spark_dedup_takes_every_parameter_init_takes(
     spark: Any, corpus: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -33,7 +33,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import numpy.typing as npt
@@ -257,10 +259,17 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
     )
 
 
+def _file_order(entry: tuple[int, str]) -> tuple[int, tuple[str, ...]]:
+    """Argument, then path components: the order ``neardup-admin add`` walks a directory
+    in (sorted paths, so ``a/b`` before ``a-c``)."""
+    argument, uri = entry
+    return argument, PurePosixPath(unquote(urlparse(uri).path)).parts
+
+
 def _chunk_bases(chunks: list[Any]) -> list[tuple[str, int, int]]:
     """For each (file, partition) chunk: what to add to a row's position to get its
     ordinal (file rank * 2**40 + the row's index in its file)."""
-    files = sorted({(row["argument"], row["file"]) for row in chunks})
+    files = sorted({(row["argument"], row["file"]) for row in chunks}, key=_file_order)
     rank = {file: i for i, (_, file) in enumerate(files)}
     if len(files) >= 1 << (63 - LINE_BITS):
         raise InvalidParameterError(
