@@ -227,7 +227,9 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
     the input order once there are several files. Within a partition a file's rows are
     contiguous and in order, and the splits of one file keep their order, so counting
     each file's rows per partition (a small table, collected) gives every row its line
-    number, and the files' ranks give the ordinal.
+    number, and the files' ranks give the ordinal. That count is a scan of its own: the
+    same files split the same way give the same partitions and positions, and the text
+    is cached once, by the caller, instead of here as well (where nothing would release it).
     """
     from pyspark.sql import functions as sf
 
@@ -239,10 +241,8 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
         for index, path in enumerate(paths)
     ]
     lines = functools.reduce(lambda a, b: a.unionByName(b), frames)
-    lines = (
-        lines.withColumn("part", sf.spark_partition_id())
-        .withColumn("position", sf.monotonically_increasing_id())
-        .persist()
+    lines = lines.withColumn("part", sf.spark_partition_id()).withColumn(
+        "position", sf.monotonically_increasing_id()
     )
     chunks = (
         lines.groupBy("argument", "file", "part")
