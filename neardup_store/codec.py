@@ -21,7 +21,8 @@ values are little-endian.
                          ``keys`` names the band key scheme (:data:`lsh.KEY_SCHEMES`). A
                          format 1 store has no ``keys`` entry and uses ``"fold"``; format 2
                          stores record it (``"multilinear"`` when made by this release).
-    ``commit_counter``   int, +1 on every committed write transaction.
+    ``commit_counter``   int, +1 on every committed write transaction (one that wrote
+                         nothing ends without a commit).
     ``next_doc_id``      int, the next internal document id to hand out.
     ``map_size``         int, the map size in bytes the store last grew to.
     ``meta_checksum``    int, xxh64 (seed 0) of the stored bytes of ``format``,

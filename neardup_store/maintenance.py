@@ -134,7 +134,8 @@ class StoreStats:
         params: :meth:`StoreParams.flat` of the store.
         generation: how many rebuilds have re-banded the store (its band tables are
             named by it, so a rebuild can build new ones beside the old).
-        commit_counter: write transactions committed since the store was created.
+        commit_counter: write transactions committed since the store was created (those
+            that wrote something).
         format_version: the store's on-disk format. Stores made by an older release keep
             theirs (and its band table layout) until a :func:`rebuild`.
         file_bytes: size of ``data.mdb``.

@@ -975,7 +975,7 @@ class Store:
         total = 0
         while True:
             size = next_size()
-            with self.read() as reader:  # nothing to purge: no commit, the store unchanged
+            with self.read() as reader:  # nothing to purge: not even the write lock
                 if not reader.awaiting_purge():
                     return total
             with self.write() as txn:

@@ -168,6 +168,12 @@ class ReadTxn:
 
     @property
     def txn(self) -> lmdb.Transaction:
+        """The LMDB transaction, for callers that read the tables directly."""
+        return self._live
+
+    @property
+    def _live(self) -> lmdb.Transaction:
+        """The LMDB transaction, checked to be open (this package's own reads use it)."""
         if self._txn is None:
             raise StoreClosedError("transaction")
         if self.epoch != self._store.map_epoch:
@@ -181,7 +187,7 @@ class ReadTxn:
 
     def _all_band_cursors(self) -> list[lmdb.Cursor]:
         """Every band's cursor, in band order, opened once per LMDB transaction."""
-        txn = self.txn  # even kept cursors: their transaction may have ended (map growth)
+        txn = self._live  # even kept cursors: their transaction may have ended (map growth)
         if not self._band_cursors:
             self._band_cursors.extend(txn.cursor(db=db) for db in self._store._band_dbs)
         return self._band_cursors
@@ -200,17 +206,17 @@ class ReadTxn:
         """``(id bytes, key index)`` of a stored key, or ``None``."""
         raw, is_str = codec.key_bytes(key)
         index = codec.key_index(raw, is_str)
-        found = self.txn.get(index, db=self._store._keys_db)
+        found = self._live.get(index, db=self._store._keys_db)
         if found is None:
             return None
         if len(raw) > codec.INLINE_KEY_BYTES:  # hashed index: confirm against the record
-            record = self.txn.get(found, db=self._store._docs_db)
+            record = self._live.get(found, db=self._store._docs_db)
             if record is None or codec.record_key(record, codec.decode_id(found)) != (raw, is_str):
                 return None
         return found, index
 
     def _record(self, doc_id: bytes) -> bytes:
-        record = self.txn.get(doc_id, db=self._store._docs_db)
+        record = self._live.get(doc_id, db=self._store._docs_db)
         if record is None:
             raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
         return bytes(record)
@@ -218,7 +224,7 @@ class ReadTxn:
     # -- reading -------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return int(self.txn.stat(self._store._docs_db)["entries"])
+        return int(self._live.stat(self._store._docs_db)["entries"])
 
     def __contains__(self, key: object) -> bool:
         return self._lookup(key) is not None
@@ -237,7 +243,7 @@ class ReadTxn:
 
     def keys(self) -> Iterator[Key]:
         """Every stored key, in insertion order (of this snapshot)."""
-        with self.txn.cursor(db=self._store._docs_db) as cursor:
+        with self._live.cursor(db=self._store._docs_db) as cursor:
             for raw_id, record in cursor:
                 raw, is_str = codec.record_key(record, codec.decode_id(raw_id))
                 yield raw.decode("utf-8") if is_str else raw
@@ -484,13 +490,13 @@ class ReadTxn:
         """The store's band cache for this snapshot, if it can answer for it (caught up
         first)."""
         cache = self._store._band_cache
-        return None if cache is None else cache.ready_for(self.txn)
+        return None if cache is None else cache.ready_for(self._live)
 
     def _cached_records(self, ids: Iterable[bytes]) -> dict[bytes, bytes]:
         """The records, by id, of the band cache's candidates ``ids`` (distinct, encoded)
         that this snapshot holds (the cache also keeps removed documents and may know
         newer ones)."""
-        txn, docs = self.txn, self._store._docs_db
+        txn, docs = self._live, self._store._docs_db
         found = {}
         for doc_id in ids:
             record = txn.get(doc_id, db=docs)
@@ -562,7 +568,7 @@ class ReadTxn:
         raises. ``records``, if given, holds records already read and receives those
         read here.
         """
-        txn, docs = self.txn, self._store._docs_db
+        txn, docs = self._live, self._store._docs_db
         found = []
         for doc_id in ids:
             record = records.get(doc_id) if records is not None else None
@@ -579,7 +585,7 @@ class ReadTxn:
     def _check_removed(self, doc_id: bytes) -> None:
         """Raise unless ``doc_id`` is a removed document awaiting a purge."""
         removed = self._store._removed_db
-        if removed is None or self.txn.get(doc_id, db=removed) is None:
+        if removed is None or self._live.get(doc_id, db=removed) is None:
             raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
 
     def awaiting_purge(self) -> int:
@@ -587,7 +593,7 @@ class ReadTxn:
         count LMDB keeps, so asking costs no walk): what :meth:`Store.purge` would purge
         as of this snapshot."""
         removed = self._store._removed_db
-        return 0 if removed is None else int(self.txn.stat(removed)["entries"])
+        return 0 if removed is None else int(self._live.stat(removed)["entries"])
 
     def _verify(
         self, sig: npt.NDArray[np.uint32], ids: Iterable[bytes], threshold: float
@@ -682,6 +688,14 @@ class WriteTxn(ReadTxn):
         self._wrote = False  # since the LMDB transaction began
         self._unlinked = False  # whether it removed documents (a purge may be due after it)
 
+    @property
+    def txn(self) -> lmdb.Transaction:
+        """The LMDB transaction, for callers that write the tables directly: handing it
+        out counts as a write, so the transaction commits (one that wrote nothing ends
+        without a commit, :meth:`_end`)."""
+        self._wrote = True
+        return self._live
+
     def _band_cache(self) -> CacheLookup | None:
         """The cache, until this transaction writes: before its first write it sees the
         snapshot it began on (LMDB numbers a write transaction one past that), after it
@@ -689,7 +703,7 @@ class WriteTxn(ReadTxn):
         cache = self._store._band_cache
         if cache is None or self._wrote:
             return None
-        return cache.ready_for(self.txn, self.txn.id() - 1)
+        return cache.ready_for(self._live, self._live.id() - 1)
 
     # Reads inside a write transaction are logged too: after a replay they must still say
     # what the caller based its writes on.
@@ -762,7 +776,10 @@ class WriteTxn(ReadTxn):
         if commit and self._poisoned is not None:
             self._close_txn(commit=False)
             raise TransactionAbortedError(self._poisoned)
-        if not commit:
+        if not commit or not self._wrote:
+            # Nothing written (a refused add_if_unique, a removal of absent keys with
+            # missing_ok): the snapshot is the store, so ending it is the commit, without
+            # a counter to bump or a page to sync.
             self._close_txn(commit=False)
             return
         while True:
@@ -787,7 +804,7 @@ class WriteTxn(ReadTxn):
     def _allocate_ids(self, count: int) -> npt.NDArray[np.uint64]:
         """The next ``count`` document ids (consecutive, never reused)."""
         if self._next_id is None:
-            self._next_id = self._store._read_meta(self.txn, "next_doc_id")
+            self._next_id = self._store._read_meta(self._live, "next_doc_id")
         limit = self._store._band_layout.id_limit
         if self._next_id + count > limit:
             raise IdsExhaustedError(str(self._store.path), limit)
@@ -806,7 +823,7 @@ class WriteTxn(ReadTxn):
     # -- writing primitives -------------------------------------------------------------------
 
     def _insert(self, doc: _Prepared) -> None:
-        store, txn = self._store, self.txn
+        store, txn = self._store, self._live
         doc_id = self._allocate_id()
         record = codec.encode_record(doc.raw_key, doc.is_str, doc.signature, doc.metadata)
         with self._writing():
@@ -827,7 +844,7 @@ class WriteTxn(ReadTxn):
         """
         if not docs:
             return 0
-        store, txn = self._store, self.txn
+        store, txn = self._store, self._live
         id_values = self._allocate_ids(len(docs))
         ids = codec.band_key_bytes(id_values)
         records = codec.encode_records(docs.raw_keys, docs.str_keys, docs.signatures, docs.metadata)
@@ -856,7 +873,7 @@ class WriteTxn(ReadTxn):
             return
         store = self._store
         ids = sorted(doc_id for doc_id, _ in found)
-        with self.txn.cursor(db=store._docs_db) as cursor:
+        with self._live.cursor(db=store._docs_db) as cursor:
             rows = [(bytes(doc_id), bytes(record)) for doc_id, record in cursor.getmulti(ids)]
         if len(rows) < len(ids):
             missing = min(set(ids).difference(doc_id for doc_id, _ in rows))
@@ -870,7 +887,7 @@ class WriteTxn(ReadTxn):
             if store._removed_db is None:
                 self._delete_band_entries(doomed)
             else:
-                with self.txn.cursor(db=store._removed_db) as cursor:
+                with self._live.cursor(db=store._removed_db) as cursor:
                     cursor.putmulti(rows)
             _faults.checkpoint("after-remove")
 
@@ -895,7 +912,7 @@ class WriteTxn(ReadTxn):
         removed = self._store._removed_db
         if removed is None:
             return 0
-        with self.txn.cursor(db=removed) as cursor:
+        with self._live.cursor(db=removed) as cursor:
             rows = [(bytes(k), bytes(v)) for k, v in itertools.islice(cursor, limit)]
         if not rows:
             return 0
@@ -908,13 +925,13 @@ class WriteTxn(ReadTxn):
 
     def _delete_sorted(self, db: Any, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Delete ``(key, value)`` entries of ``db`` (value ``None``: the key's only entry)."""
-        with self.txn.cursor(db=db) as cursor:
+        with self._live.cursor(db=db) as cursor:
             for key, value in entries:
                 if cursor.set_key(key) if value is None else cursor.set_key_dup(key, value):
                     cursor.delete()
 
     def _store_prepared(self, doc: _Prepared, replace: bool) -> bool:
-        existing = self.txn.get(doc.index, db=self._store._keys_db)
+        existing = self._live.get(doc.index, db=self._store._keys_db)
         if existing is not None:
             if not replace:
                 raise DuplicateKeyError(doc.key)
@@ -1018,7 +1035,7 @@ class WriteTxn(ReadTxn):
                     raise DuplicateKeyError(key, in_batch=True)
                 seen.add(index)
         # One sorted multi-get for the whole batch instead of a lookup per key.
-        with self.txn.cursor(db=self._store._keys_db) as cursor:
+        with self._live.cursor(db=self._store._keys_db) as cursor:
             stored = {bytes(index) for index, _ in cursor.getmulti(sorted(seen))}
         if stored:
             raise DuplicateKeyError(
@@ -1085,7 +1102,7 @@ class WriteTxn(ReadTxn):
         return int(self._run(self._purge, limit))
 
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
-        if self.txn.get(doc.index, db=self._store._keys_db) is not None:
+        if self._live.get(doc.index, db=self._store._keys_db) is not None:
             raise DuplicateKeyError(doc.key)
         matches = self._query_one(doc.signature, threshold, None)
         if matches:

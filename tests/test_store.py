@@ -334,6 +334,45 @@ def test_write_block_commits_everything_together(store: Store) -> None:
     assert commit_counter(store) == counter + 1
 
 
+NO_WRITE_BLOCKS: list[tuple[str, Callable[[WriteTxn, list[str]], object]]] = [
+    ("an empty block", lambda txn, t: None),
+    ("reads and queries", lambda txn, t: (txn.get("stored"), txn.query(t[0]), len(txn))),
+    ("a refused add_if_unique", lambda txn, t: txn.add_if_unique("copy", t[0])),
+    ("a removal of an absent key, missing_ok", lambda txn, t: txn.remove("x", missing_ok=True)),
+    ("remove_many of absent keys", lambda txn, t: txn.remove_many(["x", "y"], missing_ok=True)),
+    ("a purge with nothing to purge", lambda txn, t: txn.purge()),
+]
+
+
+@pytest.mark.parametrize(
+    "block", [b for _, b in NO_WRITE_BLOCKS], ids=[name for name, _ in NO_WRITE_BLOCKS]
+)
+def test_a_write_block_that_writes_nothing_ends_without_a_commit(
+    store: Store, block: Callable[[WriteTxn, list[str]], object]
+) -> None:
+    """Nothing to make durable: no commit (and so no sync), the counter unchanged."""
+    texts = random_texts(1)
+    store.add("stored", texts[0])
+    before, counter = snapshot(store), commit_counter(store)
+    with store.write() as txn:
+        block(txn, texts)
+    assert snapshot(store) == before and commit_counter(store) == counter
+    store.add("later", random_texts(2, seed=5)[1])  # the store takes writes after it
+    assert commit_counter(store) == counter + 1
+
+
+def test_a_write_through_the_raw_transaction_commits(store: Store) -> None:
+    """The LMDB transaction handed out by a write transaction counts as written to, so
+    its writes are committed even though the store's own methods wrote nothing."""
+    counter = commit_counter(store)
+    with store.write() as txn:
+        raw = txn.txn
+        raw.put(b"probe", codec.pack_meta(1), db=store._meta_db)
+    with store.read() as reader:
+        assert codec.unpack_meta(reader.txn.get(b"probe", db=store._meta_db)) == 1
+    assert commit_counter(store) == counter + 1
+
+
 def test_exception_in_write_block_rolls_back_everything(store: Store) -> None:
     texts = random_texts(6)
     store.add_many([("keep", texts[0]), ("replaced", texts[1]), ("removed", texts[2])])
@@ -1102,7 +1141,7 @@ def test_a_transaction_purges_the_lowest_ids_first_up_to_its_limit(store: Store)
         assert txn.awaiting_purge() == 5 and not txn._wrote  # nothing changed
     assert waiting() == [ids[key] for key in by_id] and still_in_buckets() == by_id
     assert band_entries(store) == [10] * store.banding.bands
-    assert commit_counter(store) == counter + 1
+    assert commit_counter(store) == counter  # nothing written: no commit
 
     with store.write() as txn:
         assert txn.purge(2) == 2
