@@ -201,7 +201,8 @@ class Store:
         mode: int = DEFAULT_MODE,
         band_cache: bool = False,
     ) -> Store:
-        """Open the store at ``path`` (a directory), creating it if asked.
+        """Open the store at ``path`` (a directory), creating it if asked: ``create``
+        makes a store only in a new or empty directory, never beside other files.
 
         Parameters (threshold, num_perm, scheme, seed, shingles, bands/rows) are used when
         creating; on a reopen they may be omitted, and any that are passed must equal the
@@ -222,7 +223,8 @@ class Store:
 
         Raises:
             StoreNotFoundError: nothing at ``path`` and ``create`` is false.
-            NotAStoreError: ``path`` is a file, or an environment without our metadata.
+            NotAStoreError: ``path`` is a file, an environment without our metadata, or
+                (with ``create``) a directory of other files and no store.
             FormatVersionError: written by an unknown format version.
             ParamsMismatchError: a passed parameter conflicts with the stored one.
         """
@@ -239,6 +241,8 @@ class Store:
         asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
         if directory.exists() and not directory.is_dir():
             raise NotAStoreError(str(directory), "it is a file, not a store directory")
+        if create:
+            _refuse_foreign_files(directory)
         # Checked before anything is made, so that bad parameters leave no directory.
         params = (
             resolve_params(*asked) if create and not (directory / "data.mdb").exists() else None
@@ -249,6 +253,8 @@ class Store:
             exists = (directory / "data.mdb").exists()
             if not exists and not create:
                 raise StoreNotFoundError(str(directory))
+            if not exists:
+                _refuse_foreign_files(directory)  # made meanwhile by someone else
             try:
                 if exists:
                     store._open_existing(asked, map_size, max_readers, create)
@@ -1125,6 +1131,26 @@ def _creation_lock(directory: Path, create: bool, mode: int) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+_OWN_FILES = frozenset({"data.mdb", "lock.mdb", LOCK_FILE, CREATE_LOCK_FILE})
+
+
+def _refuse_foreign_files(directory: Path) -> None:
+    """Refuse to create a store in a directory that holds files of its own (a mistyped
+    path such as a home directory): a store is made only in a new or empty directory,
+    or where a killed creation left nothing but a store's own files."""
+    if (directory / "data.mdb").exists() or not directory.is_dir():
+        return
+    foreign = sorted(
+        entry.name
+        for entry in directory.iterdir()
+        if entry.name not in _OWN_FILES and not entry.name.startswith(".compact-")
+    )
+    if foreign:
+        shown = ", ".join(repr(name) for name in foreign[:3])
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise NotAStoreError(str(directory), f"no store, but other files: {shown}{more}")
 
 
 def _remove_compaction_leftovers(directory: Path) -> None:

@@ -110,6 +110,12 @@ def make_nothing(path: Path) -> None:
     del path
 
 
+def make_directory_of_notes(path: Path) -> None:
+    """A directory that holds someone's files and no store (a mistyped store path)."""
+    path.mkdir()
+    (path / "notes.txt").write_text("not a store")
+
+
 def export_bytes(path: Path) -> bytes:
     """An export of a store with :data:`SEEDED` (made in a scratch directory)."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -471,6 +477,9 @@ CASES: list[Case] = [
          open_path=_open(read_only=True), prepare=make_random_data_mdb, is_store=False),
     Case("another application's LMDB", "open", NotAStoreError, "without a meta table",
          open_path=_open(create=True), prepare=make_foreign_lmdb, is_store=False),
+    Case("create in a directory of other files", "open", NotAStoreError,
+         "other files: 'notes.txt'", open_path=_open(create=True),
+         prepare=make_directory_of_notes, is_store=False),
     Case("create with threshold 0: nothing made", "open", InvalidParameterError, "threshold=0",
          open_path=_open(create=True, threshold=0), prepare=make_nothing, is_store=False),
     Case("create with num_perm 0: nothing made", "open", InvalidParameterError, "num_perm=0",

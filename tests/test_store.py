@@ -252,6 +252,29 @@ def test_something_else_at_the_path_raises_not_a_store(
     assert raised.value.path == str(path)
 
 
+def test_create_refuses_a_directory_of_other_files_and_leaves_it_untouched(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (home / name).write_text(name)
+    with pytest.raises(NotAStoreError, match=r"other files: 'a.txt', 'b.txt', 'c.txt' and 1 more"):
+        Store.open(home, create=True)
+    assert sorted(p.name for p in home.iterdir()) == ["a.txt", "b.txt", "c.txt", "d.txt"]
+
+
+def test_create_goes_ahead_where_a_killed_creation_left_only_lock_files(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    path.mkdir()
+    for name in ("neardup.create.lock", "neardup.lock", "lock.mdb"):
+        (path / name).write_bytes(b"")
+    with Store.open(path, create=True) as store:
+        store.add("a", "some text to keep")
+    with Store.open(path) as store:
+        assert "a" in store
+
+
 def test_unknown_format_version_raises_format_version_error(store_path: Path) -> None:
     Store.open(store_path, create=True).close()
     write_raw_meta(store_path, "format_version", codec.FORMAT_VERSION + 1)
