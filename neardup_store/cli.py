@@ -1048,13 +1048,14 @@ def rebuild(
 ) -> None:
     """Re-band every document for a new threshold or banding (signatures are kept).
 
+    With no option, the banding stays and the store is rewritten in the current format.
+
     \b
     Example:
         neardup-admin rebuild ./corpus.ndx --threshold 0.9
         neardup-admin rebuild ./corpus.ndx --bands 16 --rows 8
+        neardup-admin rebuild ./old-format.ndx
     """
-    if threshold is None and bands is None and rows is None:
-        raise click.UsageError("give --threshold, or --bands and --rows")
     with (
         open_store(path, readonly=False) as store,
         _doc_progress("Re-banding", len(store)) as progress,

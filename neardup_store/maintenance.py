@@ -732,10 +732,14 @@ def _copy_tables(
 def _resolve_banding(
     store: Store, threshold: float | None, bands: int | None, rows: int | None
 ) -> tuple[LSHParams, float]:
+    keep_banding = threshold is None
     threshold = store._check_threshold(threshold)
     if (bands is None) != (rows is None):
         raise InvalidParameterError("bands/rows", (bands, rows), "both bands and rows, or neither")
     if bands is None or rows is None:
+        if keep_banding:  # a format upgrade: the banding the store was given stays
+            current = store.params.banding
+            return LSHParams(current.bands, current.rows), threshold
         return choose_params(threshold, store.config.num_perm), threshold
     banding = LSHParams(bands, rows)
     banding.check_fits(store.config.num_perm)
@@ -805,7 +809,8 @@ def rebuild(
     Args:
         threshold: the new threshold (default: keep the current one).
         bands / rows: the new banding, both or neither (default: :func:`choose_params`
-            for the threshold and num_perm).
+            for a new threshold; with no threshold either, the current banding, so that
+            ``rebuild()`` only rewrites an older store in the current format).
         progress: called with the number of documents re-banded so far.
 
     Raises:

@@ -657,7 +657,7 @@ def test_a_format_1_store_reads_writes_checks_and_rebuilds_to_format_5(tmp_path:
         assert store.check().ok
         assert [m.key for m in store.query(signature=near[0])] == ["late", "d0"]
         store.remove("late")
-        report = store.rebuild(bands=9, rows=13)
+        report = store.rebuild()  # no arguments: the format changes, the banding stays
         assert store.banding.keys == "multilinear" and store.check().ok
         assert report.new_params.banding == LSHParams(9, 13, "multilinear")
         with store.read() as txn:
@@ -704,8 +704,8 @@ def test_an_older_store_keeps_its_layout_until_a_rebuild_moves_it_to_format_5(
     assert len(entries) == 9 * 301
 
     with Store.open(old) as store:
-        store.rebuild(bands=9, rows=13)
-        assert store.check().ok
+        store.rebuild()
+        assert store.banding == LSHParams(9, 13, "multilinear") and store.check().ok
         with store.read() as txn:
             assert store._read_meta(txn.txn, "format_version") == 5
             assert [txn.query(signature=q) for q in queries[40:]] == expected[40:]
