@@ -279,11 +279,13 @@ class BandCache:
         args = (tables.table, sigs, multipliers, self._keep, kept)
         ends = np.empty(len(sigs), dtype=np.uint64)
         out = np.empty(64 * len(sigs), dtype=np.uint64)
-        found = _loops().probe(*args, out, ends)
-        if found > len(out):
-            out = np.empty(found, dtype=np.uint64)
-            _loops().probe(*args, out, ends)
-        return out[:found], ends
+        while True:
+            found = _loops().probe(*args, out, ends)
+            if found <= len(out):
+                return out[:found], ends
+            # Probe again with room for all. Another thread's catch-up may add entries in
+            # between, so only a call whose ids all fit pairs its ids with its ends.
+            out = np.empty(found + found // 4, dtype=np.uint64)
 
     # -- keeping up ------------------------------------------------------------------------------
 

@@ -747,6 +747,56 @@ def test_threads_querying_while_commits_land_get_their_own_snapshots_answers(
         assert_same_answers(store, near_copies(rng, sigs[rng.choice(4000, 200, replace=False)]))
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_probe_asked_again_for_room_is_not_misled_by_a_catch_up_in_between(
+    tmp_path: Path, batch: bool
+) -> None:
+    """A query with more than 64 candidates a signature probes twice, the second time
+    with room for all of them. Another thread's catch-up may add entries in place between
+    the two calls (it did in a review's threaded runs): the ids of the second call must
+    then still match its own ends, and the query's real match must not be cut off.
+
+    The catch-up is made to land exactly there: the first probe's call runs it (a real
+    commit, then a real catch-up from a new read transaction) before returning.
+    """
+    rng = np.random.default_rng(21)
+    query = random_sigs(rng, 1)[0]
+
+    def twins(count: int) -> Sigs:  # candidates through band 0, far from a match
+        made = random_sigs(rng, count)
+        made[:, :13] = query[:13]
+        return made
+
+    match = query.copy()
+    match[0:104:13] ^= 1  # one value changed in each of bands 0-7: 120 of 128 agree
+    loops, probe = _loops(), _loops().probe
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("r", random_sigs(rng, 20)) + items("t", twins(100)))
+        store.add_signatures([("X", match)])
+        late = items("late", twins(60))
+        calls = [0]
+
+        def probe_then_catch_up(*args: Any) -> int:
+            found = int(probe(*args))
+            calls[0] += 1
+            if calls[0] == 1:
+                store.add_signatures(late)
+                with store.read() as newer:  # adds the late twins to the same tables
+                    assert newer.query(signature=late[0][1])
+            return found
+
+        with store.read() as txn, pytest.MonkeyPatch.context() as patch:
+            assert txn.query(signature=query) == [Match("X", 120 / 128)]  # caught up
+            patch.setattr(loops, "probe", probe_then_catch_up)
+            if batch:
+                got = txn.query_many(signatures=np.stack([query, query]))
+            else:
+                got = [txn.query(signature=query)]
+        assert calls[0] >= 2, "the query did not probe twice"
+        assert all(found == [Match("X", 120 / 128)] for found in got), got
+        assert_same_answers(store, np.stack([query, late[0][1]]))
+
+
 def test_a_reader_is_not_hurt_by_a_rebuild_in_another_thread(tmp_path: Path) -> None:
     """A reader of the snapshot the cache is at passes ``ready_for`` and is paused before
     it probes; meanwhile a newer snapshot with most documents removed makes the cache
