@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import lmdb
 import numpy as np
@@ -742,12 +742,18 @@ class WriteTxn(ReadTxn):
             except lmdb.MapFullError:
                 return self._redo_after_growth()
             except Exception as err:
-                self._close_txn(commit=False)
-                raise TransactionConflictError(f"{type(err).__name__}: {err}") from err
+                self._refuse_replay(f"{type(err).__name__}: {err}", err)
             if again != expected:
-                self._close_txn(commit=False)
-                raise TransactionConflictError(f"{operation.__name__} returned {again!r}")
+                self._refuse_replay(f"{operation.__name__} returned {again!r}")
         return None
+
+    def _refuse_replay(self, why: str, cause: BaseException | None = None) -> NoReturn:
+        """End a replay that another process's commit made diverge: nothing of the
+        block is kept, and the block cannot go on, even if its caller catches this."""
+        self._close_txn(commit=False)
+        conflict = TransactionConflictError(why)
+        self._poisoned = f"{type(conflict).__name__}: {conflict}"
+        raise conflict from cause
 
     def _close_txn(self, commit: bool) -> None:
         self._close_cursors()

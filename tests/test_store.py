@@ -1765,12 +1765,18 @@ def _wait_until_blocked(pid: int, timeout_s: float = 30) -> None:
         steady = steady + 1 if wchan.read_text().startswith("futex") else 0
 
 
+@pytest.mark.parametrize("caught", [False, True])
 def test_replay_that_diverges_raises_conflict_and_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caught: bool
 ) -> None:
     """If another process commits while a transaction is being redone after map growth,
     and that changes an operation's result, the redo is refused instead of changing the
     meaning of what the caller already saw.
+
+    A caller that catches the conflict inside the block cannot commit what is left: the
+    block's later operations and its end raise (the first operation is the one that
+    failed to replay, so nothing was rewritten before the conflict; a review found that
+    end passing silently as a transaction that wrote nothing).
 
     LMDB's write lock is not fair: left alone, this process often takes it back before
     the woken one runs. So the growth step, which runs after the abort, waits until the
@@ -1797,8 +1803,13 @@ def test_replay_that_diverges_raises_conflict_and_writes_nothing(
         _wait_until_blocked(other.pid)  # on LMDB's write lock, which this process holds
         with pytest.raises(TransactionConflictError, match="DuplicateKeyError") as conflict:
             txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
-        # The with block ends with the error: rolled back, and it propagates.
-        assert writing.__exit__(type(conflict.value), conflict.value, None) is False
+        if caught:
+            with pytest.raises(TransactionAbortedError, match="TransactionConflictError"):
+                txn.add("later", ours)
+            with pytest.raises(TransactionAbortedError, match="TransactionConflictError"):
+                writing.__exit__(None, None, None)  # the block's clean end cannot commit
+        else:  # the with block ends with the error: rolled back, and it propagates
+            assert writing.__exit__(type(conflict.value), conflict.value, None) is False
         _finish(other)
         assert list(store) == ["contested"]
         assert store.get("contested").signature.tolist() == (
