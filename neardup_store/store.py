@@ -37,7 +37,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
@@ -167,8 +167,10 @@ class Store:
         self._identity: tuple[int, int] | None = None
         self._swept_at = -STALE_READER_CHECK_S
         # Map growth must not pull the map from under this process's open transactions.
-        self._readers_done = threading.Condition(threading.RLock())
+        self._readers_lock = threading.RLock()  # taken as it is where no one waits
+        self._readers_done = threading.Condition(self._readers_lock)
         self._active_readers = 0
+        self._growth_waiting = 0  # threads waiting in _resize: only they need a notify
         self._thread_state = threading.local()
         self.map_epoch = 0
         self.params: StoreParams
@@ -569,9 +571,14 @@ class Store:
         env = self._require_env()
         with self._readers_done:
             own = getattr(self._thread_state, "readers", 0)
-            if not self._readers_done.wait_for(
-                lambda: self._active_readers <= own, timeout=RESIZE_WAIT_S
-            ):
+            self._growth_waiting += 1
+            try:
+                ended = self._readers_done.wait_for(
+                    lambda: self._active_readers <= own, timeout=RESIZE_WAIT_S
+                )
+            finally:
+                self._growth_waiting -= 1
+            if not ended:
                 raise StoreBusyError(str(self.path), "grow the map while reads are running")
             env.set_mapsize(size)
             self.map_epoch += 1
@@ -579,23 +586,33 @@ class Store:
 
     @contextmanager
     def _tracked(self, write: bool) -> Iterator[lmdb.Transaction]:
-        """Begin a transaction counted as active, so :meth:`_resize` waits for it."""
+        """A transaction counted as active (:meth:`_begin_tracked`) for the block."""
+        txn = self._begin_tracked(write)
+        try:
+            yield txn
+        finally:
+            self._end_tracked()
+
+    def _begin_tracked(self, write: bool) -> lmdb.Transaction:
+        """Begin a transaction counted as active, so :meth:`_resize` waits for it; the
+        caller must call :meth:`_end_tracked` once it has ended."""
         while True:
             epoch = self.map_epoch
             txn = self._begin(write)  # outside the lock: a write begin may block
-            with self._readers_done:
+            with self._readers_lock:
                 if epoch == self.map_epoch:
                     self._active_readers += 1
                     break
             txn.abort()  # the map changed while it began: begin again
         state = self._thread_state
         state.readers = getattr(state, "readers", 0) + 1
-        try:
-            yield txn
-        finally:
-            with self._readers_done:
-                self._active_readers -= 1
-                state.readers -= 1
+        return txn
+
+    def _end_tracked(self) -> None:
+        with self._readers_lock:
+            self._active_readers -= 1
+            self._thread_state.readers -= 1
+            if self._growth_waiting:  # set under this lock before a growth waits
                 self._readers_done.notify_all()
 
     def _sweep_readers(self, force: bool) -> None:
@@ -607,25 +624,14 @@ class Store:
         a slot itself: so every open store sweeps, before each write and now and then
         before a read.
         """
-        env = self._require_env()
         now = time.monotonic()
         if force or now - self._swept_at >= STALE_READER_CHECK_S:
-            env.reader_check()
+            self._require_env().reader_check()
             self._swept_at = now
 
-    @contextmanager
-    def read(self) -> Iterator[ReadTxn]:
+    def read(self) -> AbstractContextManager[ReadTxn]:
         """A consistent read snapshot; use it with ``with``."""
-        self._sweep_readers(force=False)
-        with self._tracked(write=False) as txn:
-            reader = ReadTxn(self, txn)
-            try:
-                yield reader
-            finally:
-                stale = reader.epoch != self.map_epoch
-                reader._close()
-                if not stale:
-                    txn.abort()
+        return _Reading(self)
 
     @contextmanager
     def write(self) -> Iterator[WriteTxn]:
@@ -1116,6 +1122,39 @@ def _never_created(env: lmdb.Environment) -> bool:
             return int(txn.stat(meta_db)["entries"]) == 0
     except lmdb.Error:
         return False
+
+
+class _Reading:
+    """What :meth:`Store.read` returns: a plain context manager rather than a generator,
+    since every ``Store.query`` pays for one (two generator frames cost about as much
+    as a query through the band cache)."""
+
+    __slots__ = ("_reader", "_store", "_txn")
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._reader: ReadTxn | None = None
+        self._txn: lmdb.Transaction | None = None
+
+    def __enter__(self) -> ReadTxn:
+        store = self._store
+        store._sweep_readers(force=False)
+        self._txn = store._begin_tracked(write=False)
+        self._reader = ReadTxn(store, self._txn)
+        return self._reader
+
+    def __exit__(self, *exc_info: object) -> None:
+        reader, txn = self._reader, self._txn
+        if reader is None or txn is None:
+            return
+        self._reader = self._txn = None
+        try:
+            stale = reader.epoch != self._store.map_epoch
+            reader._close()
+            if not stale:  # a stale one was ended by the map's growth
+                txn.abort()
+        finally:
+            self._store._end_tracked()
 
 
 @contextmanager
