@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NamedTuple
 
 import click
 
@@ -201,43 +201,59 @@ class _Query:
 
 
 def _read_jsonl(
-    stream: IO[str], id_field: str, text_field: str
+    stream: IO[bytes], id_field: str, text_field: str
 ) -> tuple[list[_Query], list[ingest.Failure]]:
     """The queries of a JSON-lines stream (the id defaults to the line number), and a
     failure, located by ``file:line``, for each line that is not one: as in ``add``, a bad
-    line does not stop the others."""
-    name = getattr(stream, "name", "-")
+    line (not UTF-8, not JSON, no text) does not stop the others."""
+    name = getattr(stream, "name", None)
+    name = name if isinstance(name, str) else "<stdin>"  # stdin's bytes may have no name
     queries: list[_Query] = []
     failed: list[ingest.Failure] = []
-    try:
-        lines = list(stream)
-    except UnicodeDecodeError as err:
-        raise InputError(f"{name}: not valid UTF-8 ({err.reason})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(stream, 1):
+        if not raw.strip():
             continue
         where = f"{name}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            reason = f"not valid JSON ({err.msg})"
-            failed.append(ingest.Failure(where, reason, name, number, None, type(err).__name__))
-            continue
-        if not isinstance(record, dict):
-            reason = "expected a JSON object"
-            failed.append(ingest.Failure(where, reason, name, number, None, "TypeError"))
-        elif text_field not in record or not isinstance(record[text_field], str):
-            reason = f"no string field {text_field!r}"
-            qid = record.get(id_field)
-            failed.append(ingest.Failure(where, reason, name, number, qid, "TypeError"))
+        parsed = _query_line(raw, id_field, text_field)
+        if isinstance(parsed, _BadLine):
+            failed.append(
+                ingest.Failure(where, parsed.reason, name, number, parsed.qid, parsed.error)
+            )
         else:
-            qid = record.get(id_field, number)
-            queries.append(_Query(qid, record[text_field], where, name, number))
+            qid, text = parsed
+            queries.append(_Query(number if qid is None else qid, text, where, name, number))
     return queries, failed
 
 
+class _BadLine(NamedTuple):
+    reason: str
+    qid: Any  # the line's id, if it has one
+    error: str  # the name of the error type behind it
+
+
+def _query_line(raw: bytes, id_field: str, text_field: str) -> tuple[Any, str] | _BadLine:
+    """A JSON line's ``(id or None, text)``, or why it is no query (worded as ``add``
+    words it)."""
+    try:
+        record = json.loads(raw.decode("utf-8").rstrip("\r\n"))
+    except UnicodeDecodeError as err:
+        reason = f"not valid UTF-8 at byte {err.start} ({err.reason})"
+        return _BadLine(reason, None, type(err).__name__)
+    except json.JSONDecodeError as err:
+        reason = f"malformed JSON ({err.msg} at column {err.colno})"
+        return _BadLine(reason, None, type(err).__name__)
+    if not isinstance(record, dict):
+        return _BadLine(f"expected a JSON object, got {type(record).__name__}", None, "TypeError")
+    qid = record.get(id_field)
+    if text_field not in record:
+        return _BadLine(f"missing field {text_field!r}", qid, "KeyError")
+    if not isinstance(record[text_field], str):
+        return _BadLine(f"field {text_field!r} must be a string", qid, "TypeError")
+    return qid, record[text_field]
+
+
 def _source_texts(
-    queries: list[_Query], failed: list[ingest.Failure], stream: IO[str]
+    queries: list[_Query], failed: list[ingest.Failure], stream: IO[bytes]
 ) -> Callable[[Any], str]:
     """``key -> text`` for exact verification; a bad line or a candidate missing from the
     source is an input error (the source must cover the store), not a crash."""
@@ -655,7 +671,7 @@ def dedup(
 )
 @click.option(
     "--jsonl",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     default=None,
     help="JSON lines of queries ('-' for stdin).",
 )
@@ -667,7 +683,7 @@ def dedup(
 @click.option(
     "--exact",
     "exact_source",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     default=None,
     help="JSON lines of the stored documents' texts (same id/text fields): re-verify "
     "every candidate by exact Jaccard.",
@@ -678,13 +694,13 @@ def query(
     path: str,
     text: str | None,
     file_: str | None,
-    jsonl: IO[str] | None,
+    jsonl: IO[bytes] | None,
     id_field: str,
     text_field: str,
     encoding: str,
     threshold: float | None,
     limit: int | None,
-    exact_source: IO[str] | None,
+    exact_source: IO[bytes] | None,
     fail_on_duplicates: bool,
     as_json: bool,
 ) -> None:

@@ -264,6 +264,8 @@ def test_query_jsonl_reports_each_bad_line_and_answers_the_rest(
         + "\n",
         encoding="utf-8",
     )
+    with queries.open("ab") as appended:  # a line in Latin-1: the others are still answered
+        appended.write(b'{"id": "q8", "text": "caf\xe9"}\n')
     result = _run(runner, "query", store_path, "--jsonl", queries, "--json")
     assert result.exit_code == 1, result.output
     records = _jsonl(result.output)
@@ -276,19 +278,21 @@ def test_query_jsonl_reports_each_bad_line_and_answers_the_rest(
     assert [(f["source"], f["file"], f["line"], f["key"], f["error"]) for f in failed] == [
         (f"{queries}:2", str(queries), 2, None, "JSONDecodeError"),
         (f"{queries}:5", str(queries), 5, None, "TypeError"),
-        (f"{queries}:6", str(queries), 6, "q5", "TypeError"),
+        (f"{queries}:6", str(queries), 6, "q5", "KeyError"),
         (f"{queries}:7", str(queries), 7, "q6", "EmptyDocumentError"),
+        (f"{queries}:9", str(queries), 9, None, "UnicodeDecodeError"),
     ]
     assert failed[3]["message"] == "empty document"
     table = _run(runner, "query", store_path, "--jsonl", queries)
     assert table.exit_code == 1
     lines = table.output.splitlines()
-    assert lines[0].split() == ["query", "key", "score"] and len(lines) == 1 + 5 + 4
-    assert lines[-4:] == [
-        f"  failed: {queries}:2: not valid JSON (Expecting value)",
-        f"  failed: {queries}:5: expected a JSON object",
-        f"  failed: {queries}:6: no string field 'text'",
+    assert lines[0].split() == ["query", "key", "score"] and len(lines) == 1 + 5 + 5
+    assert lines[-5:] == [  # worded as add words them
+        f"  failed: {queries}:2: malformed JSON (Expecting value at column 1)",
+        f"  failed: {queries}:5: expected a JSON object, got list",
+        f"  failed: {queries}:6: missing field 'text'",
         f"  failed: {queries}:7: empty document",
+        f"  failed: {queries}:9: not valid UTF-8 at byte 25 (invalid continuation byte)",
     ]
     only_bad = _run(runner, "query", store_path, "--jsonl", "-", input='{"text": ""}\n')
     assert only_bad.exit_code == 1
@@ -302,7 +306,7 @@ def test_query_exact_source_with_a_bad_line_is_an_input_error(
     source.write_text('{"id": "storm-a", "text": "x"}\n{"id": 2, "text": \n', encoding="utf-8")
     result = _run(runner, "query", store_path, "--text", "some text", "--exact", source)
     assert result.exit_code == 2
-    assert result.output == f"Error: {source}:2: not valid JSON (Expecting value)\n"
+    assert result.output == f"Error: {source}:2: malformed JSON (Expecting value at column 19)\n"
 
 
 def test_query_empty_text_is_the_empty_document_error(

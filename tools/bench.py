@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 import time
@@ -133,7 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if "accuracy" not in args.skip:
         base, copies = (500, 300) if args.quick else (2000, 1000)
-        docs, _ = with_near_duplicates(real_documents(base, args.seed + 7), copies, args.seed)
+        docs, seeded = with_near_duplicates(real_documents(base, args.seed + 7), copies, args.seed)
+        # The brute-force check runs on 100 seeded copies with their sources and as many
+        # other documents: the first documents alone are originals, with next to no pairs.
+        checked = {i for copy, source, _ in seeded[:100] for i in (copy, source)}
+        checked.update(random.Random(args.seed).sample(range(len(docs)), 100))
         log(f"exact truth for {len(docs)} documents")
         sets = ground_truth.shingle_sets(docs)
         truth = ground_truth.all_pairs(sets, 0.5)
@@ -142,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seeded_copies": copies,
             "pairs_ge_0.5": len(truth),
             "pairs_ge_0.8": sum(1 for j in truth.values() if j >= 0.8),
-            "brute_force_check": ground_truth.check_against_brute_force(sets, 300),
+            "brute_force_check": ground_truth.check_against_brute_force(sets, sorted(checked)),
         }
         report["accuracy"] = bench_accuracy.run(
             docs, truth, set(peers), sig_bench.python_shingler(), log
@@ -221,15 +226,27 @@ def _reference_point(mine: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return [(size, point) for size, point in _checkpoints(mine) if size <= 1_000_000][-1]
 
 
+_QUERY_FIGURES = (
+    ("query_signature_cached_per_call", "band cache, one `store.query()` call a query"),
+    ("query_signature_cached", "band cache"),
+    ("query_signature", "LMDB lookups"),
+)
+"""Our single-query figures, the one targets judge first: a query service's plain
+`store.query()` calls with the band cache, each its own read transaction (older reports
+have only the queries of one read transaction, or only LMDB lookups)."""
+
+
 def _query_p50(point: dict[str, Any]) -> float:
-    """Our single-query p50 at a checkpoint: with the band cache where it was measured
-    (the mode a query service runs in), else through LMDB (older reports)."""
-    cached = point.get("query_signature_cached")
-    return float((cached or point["query_signature"])["p50_us"])
+    """Our single-query p50 at a checkpoint (the first of :data:`_QUERY_FIGURES`)."""
+    return float(next(point[k] for k, _ in _QUERY_FIGURES if k in point)["p50_us"])
 
 
 def _query_label(point: dict[str, Any]) -> str:
-    return "band cache" if "query_signature_cached" in point else "LMDB lookups"
+    label = next(label for k, label in _QUERY_FIGURES if k in point)
+    if "query_signature_cached_per_call" in point:
+        shared = point["query_signature_cached"]["p50_us"]
+        label += f" (queries sharing one read transaction: {shared:.1f} µs)"
+    return label
 
 
 def _lmdb_beside(point: dict[str, Any], peer_us: float, faster: bool = False) -> str:
@@ -522,6 +539,15 @@ def render(report: dict[str, Any]) -> str:
             [
                 f"| … with the band cache (`band_cache=True`), p50 / p99, µs | "
                 f"{cached['p50_us']:.1f} / {cached['p99_us']:.1f} | | |",
+                *(
+                    [
+                        f"| … with the band cache, one `store.query()` call a query (its "
+                        f"own read transaction), p50 / p99, µs | {per_call['p50_us']:.1f} / "
+                        f"{per_call['p99_us']:.1f} | | |"
+                    ]
+                    if (per_call := last.get("query_signature_cached_per_call"))
+                    else []
+                ),
                 f"| batch query by signature with the band cache, queries/s | "
                 f"{mine['batch_query_signature_cached_per_s']:.0f} | | |",
                 f"| query by text with the band cache, p50 / p99, µs | "

@@ -105,9 +105,18 @@ def brute_force(
 
 
 def check_against_brute_force(
-    sets: Sequence[npt.NDArray[np.uint64]], subset: int, threshold: float = 0.5
+    sets: Sequence[npt.NDArray[np.uint64]], subset: Sequence[int], threshold: float = 0.5
 ) -> dict[str, int | bool]:
-    """Run both joins on the first ``subset`` sets; they must return the same pairs."""
-    part = list(sets[:subset])
+    """Run both joins on the sets numbered ``subset``; they must return the same pairs.
+
+    Raises ``RuntimeError`` when they differ, or when the subset holds no pair at all
+    (a check that compares nothing; pick seeded copies with their sources).
+    """
+    part = [sets[i] for i in subset]
     fast, slow = all_pairs(part, threshold), brute_force(part, threshold)
-    return {"documents": len(part), "pairs": len(slow), "identical": fast == slow}
+    if fast != slow or not slow:
+        raise RuntimeError(
+            f"exact join check on {len(part)} documents: {len(fast)} pairs by the join, "
+            f"{len(slow)} by brute force" + ("" if slow else " (a subset without pairs)")
+        )
+    return {"documents": len(part), "pairs": len(slow), "identical": True}
