@@ -29,7 +29,7 @@ from .errors import InvalidParameterError, InvalidStreamError, NeardupError
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import CREATE_LOCK_FILE, LOCK_FILE, Store, batches, check_batch_size
+from .store import CREATE_LOCK_FILE, LOCK_FILE, Store, _placed, batches, check_batch_size
 
 if TYPE_CHECKING:
     from .txn import Key
@@ -200,14 +200,20 @@ def _import_records(
     replace: bool,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    total = 0
-    # Each batch is read (and validated) whole before its transaction begins.
-    for batch in batches(reader.records(store.config.num_perm), next_size):
-        with store.write() as txn:
-            total += txn.add_signatures(batch, replace=replace)
+    total = done = 0
+    # Each batch is read (and validated) whole before its transaction begins. An error,
+    # the stream's or a document's, carries how many records earlier batches committed.
+    records = batches(reader.records(store.config.num_perm), next_size)
+    while True:
+        with _placed(done, committed=done):
+            batch = next(records, None)
+            if batch is None:
+                return total
+            with store.write() as txn:
+                total += txn.add_signatures(batch, replace=replace)
+        done += len(batch)
         if progress is not None:
             progress(total)
-    return total
 
 
 def import_(
@@ -223,7 +229,9 @@ def import_(
     Band keys are recomputed for this store's banding, which may differ from the
     exporter's. Documents are committed ``batch_size`` at a time (``"auto"``:
     :meth:`~.Store.transaction_size`): if the stream turns out bad part-way, the batches
-    before stay committed and nothing of the bad batch is.
+    before stay committed and nothing of the bad batch is; the error's ``committed``
+    attribute says how many records they held (importing again with ``replace=True``
+    goes over them).
 
     Args:
         replace: overwrite documents whose key is already stored.

@@ -912,9 +912,14 @@ def test_a_bad_record_keeps_earlier_batches_and_drops_its_own(store: Store, tmp_
     good = _export(store)
     stream = good + _record("bad", b"\x00" * 3)
     with Store.open(tmp_path / "target", create=True, threshold=THRESHOLD) as target:
-        with pytest.raises(InvalidStreamError, match="record #302"):
+        with pytest.raises(InvalidStreamError, match="record #302") as caught:
             target.import_(io.BytesIO(stream), batch_size=100)
         assert len(target) == 300  # three full batches; the fourth held the bad record
+        assert caught.value.committed == 300  # type: ignore[attr-defined]
+        assert "committed the first 300 items" in "".join(caught.value.__notes__)
+        # Importing the good stream again with replace goes over what was committed.
+        assert target.import_(io.BytesIO(good), replace=True) == len(store)
+        assert _contents(target) == _contents(store)
 
 
 # -- backup ---------------------------------------------------------------------------------
