@@ -34,6 +34,7 @@ import fcntl
 import os
 import resource
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -230,10 +231,22 @@ class Store:
             FormatVersionError: written by an unknown format version.
             ParamsMismatchError: a passed parameter conflicts with the stored one.
         """
+        for name, flag in (("create", create), ("read_only", read_only), ("durable", durable),
+                           ("band_cache", band_cache)):  # fmt: skip
+            if not isinstance(flag, bool):
+                raise InvalidParameterError(name, flag, "True or False")
         if read_only and create:
             raise InvalidParameterError("create", create, "False when read_only=True")
-        if map_size is not None and (not isinstance(map_size, int) or map_size < 1 << 16):
-            raise InvalidParameterError("map_size", map_size, "an integer of at least 65536 bytes")
+        if map_size is not None and (
+            isinstance(map_size, bool)
+            or not isinstance(map_size, int)
+            or not 1 << 16 <= map_size <= sys.maxsize
+        ):
+            raise InvalidParameterError(
+                "map_size", map_size, f"an integer of bytes in [65536, {sys.maxsize}]"
+            )
+        if isinstance(max_readers, bool) or not isinstance(max_readers, int) or max_readers < 1:
+            raise InvalidParameterError("max_readers", max_readers, "an integer >= 1")
         if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o777 or mode < 0o700:
             shown = oct(mode) if isinstance(mode, int) else mode
             raise InvalidParameterError(
@@ -460,6 +473,18 @@ class Store:
 
     def _check_asked(self, params: StoreParams, asked: tuple[Any, ...]) -> None:
         threshold, num_perm, scheme, seed, shingles, bands, rows = asked
+        # Each given value is checked as creating checks it, so that a bad one is reported
+        # as bad, not as a conflict with the stored one.
+        if threshold is not None:
+            threshold = valid_threshold(threshold)
+        config, banding = params.config, params.banding
+        MinHashConfig(
+            config.num_perm if num_perm is None else num_perm,
+            config.scheme if scheme is None else scheme,
+            config.seed if seed is None else seed,
+            config.shingles if shingles is None else shingles,
+        )
+        LSHParams(banding.bands if bands is None else bands, banding.rows if rows is None else rows)
         given: dict[str, Any] = {
             "threshold": threshold, "num_perm": num_perm, "scheme": scheme, "seed": seed,
             "bands": bands, "rows": rows,
