@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from arguments import at_least
 
 BATCH = 10_000
 OPTIONS = {"threshold": 0.8, "num_perm": 128, "bands": 9, "rows": 13}
@@ -106,16 +107,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="checkout whose neardup_store is measured")  # fmt: skip
-    parser.add_argument("--documents", type=int, default=1_000_000)
+    parser.add_argument("--documents", type=at_least(BATCH), default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(args.repo.resolve()))
+    repo = args.repo.resolve()
+    if not (repo / "neardup_store" / "__init__.py").is_file():
+        parser.error(f"--repo {args.repo}: no neardup_store package there (give a checkout)")
+    sys.path.insert(0, str(repo))
     documents = args.documents - args.documents % BATCH
     with tempfile.TemporaryDirectory(prefix="neardup-ab-") as scratch:
         result = measure(documents, args.seed, Path(scratch))
     import neardup_store
 
-    result["package"] = str(Path(neardup_store.__file__).parent)
+    package = Path(neardup_store.__file__).resolve().parent
+    if package != repo / "neardup_store":  # another copy was imported first
+        raise SystemExit(f"measured {package}, not the package of --repo {repo}")
+    result["package"] = str(package)
     print(json.dumps(result))
     return 0
 

@@ -34,6 +34,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # spawned children inherit sys.
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
 
 import concurrency_scenarios as cs  # noqa: E402
+from arguments import at_least  # noqa: E402
 
 
 def _checkout() -> str:
@@ -73,9 +74,15 @@ def _compaction_phase(work: Path, seconds: float) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=300.0, help="total running time")
-    parser.add_argument("--readers", type=int, default=3, help="reader processes in phase 1")
-    parser.add_argument("--commits", type=int, default=50, help="commits per writer per round")
+    parser.add_argument(
+        "--seconds", type=at_least(1, float), default=300.0, help="total running time"
+    )
+    parser.add_argument(
+        "--readers", type=at_least(1), default=3, help="reader processes in phase 1"
+    )
+    parser.add_argument(
+        "--commits", type=at_least(1), default=50, help="commits per writer per round"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
     args = parser.parse_args()
 

@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import corruption
+from arguments import at_least
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUTCOMES = ("detected", "harmless", "undetected", "crash")
@@ -37,9 +38,9 @@ OUTCOMES = ("detected", "harmless", "undetected", "crash")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=2000, help="number of trials")
+    parser.add_argument("--trials", type=at_least(1), default=2000, help="number of trials")
     parser.add_argument("--seed", type=int, default=1, help="seed of the store and the flips")
-    parser.add_argument("--documents", type=int, default=300, help="documents in the store")
+    parser.add_argument("--documents", type=at_least(1), default=300, help="documents in the store")
     parser.add_argument(
         "--random-share", type=float, default=0.4,
         help="share of trials at random offsets; the rest target one region each",
@@ -61,10 +62,12 @@ def main() -> None:
         workdir = Path(tmp)
         reference = corruption.make_reference(workdir / "reference", args.seed, args.documents)
         targets = corruption.TARGETS[1:]
+        interrupted = False
         try:
             _run(args, rng, reference, workdir, targets, trials, started)
-        except KeyboardInterrupt:  # Ctrl-C: summarise the trials run so far
+        except KeyboardInterrupt:  # Ctrl-C or a kill: summarise the trials run so far
             print(f"interrupted after {len(trials)} trials")
+            interrupted = True
     summary = corruption.summarize(trials)
     elapsed = time.perf_counter() - started
     _print(summary, elapsed)
@@ -74,6 +77,7 @@ def main() -> None:
         json.dumps(
             {
                 "args": vars(args),
+                "interrupted": interrupted,
                 "machine": {"python": platform.python_version(), "platform": platform.platform()},
                 "elapsed_s": round(elapsed, 1),
                 "summary": summary,
@@ -89,7 +93,9 @@ def main() -> None:
     )
     print(f"wrote {out}")
     bad_repairs = summary["repairs"].get("wrong", 0) + summary["repairs"].get("crash", 0)
-    sys.exit(1 if summary["undetected"] or summary["crash"] or bad_repairs else 0)
+    if summary["undetected"] or summary["crash"] or bad_repairs:
+        sys.exit(1)
+    sys.exit(130 if interrupted else 0)  # cut short: not a pass
 
 
 def _run(

@@ -40,6 +40,7 @@ ROOT = TOOLS_DIR.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the loop and the writer live with the tests
 sys.path.insert(0, str(ROOT))
 
+from arguments import at_least  # noqa: E402
 from crash_loop_core import CrashLoop, Summary  # noqa: E402
 from crash_writer import STORE_OPTIONS, _text_pool  # noqa: E402
 
@@ -123,7 +124,7 @@ def render(summary: Summary, hook: dict[str, Any] | None) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kills", type=int, default=300, help="SIGKILLs to deliver (300)")
+    parser.add_argument("--kills", type=at_least(1), default=300, help="SIGKILLs to deliver (300)")
     parser.add_argument("--seed", type=int, default=1, help="writer batches and kill schedule")
     parser.add_argument(
         "--fault-share",

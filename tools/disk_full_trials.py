@@ -45,6 +45,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "tests")]
 
+from arguments import at_least  # noqa: E402
 from capacity_worker import PARAMS, SMALLEST_MAP, Batch, Trial, disk_full_trial  # noqa: E402
 from harness import Model  # noqa: E402
 
@@ -58,7 +59,7 @@ KiB, MiB = 1024, 1024 * 1024
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=200, help="number of trials (200)")
+    parser.add_argument("--trials", type=at_least(1), default=200, help="number of trials (200)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the trials (1)")
     parser.add_argument(
         "--mode",

@@ -26,6 +26,7 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from arguments import at_least  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
@@ -36,8 +37,8 @@ RESULTS = PROJECT_ROOT / "tools" / "results"
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", type=int, default=500, help="examples in all (500)")
-    parser.add_argument("--steps", type=int, default=60, help="max steps per example (60)")
+    parser.add_argument("--examples", type=at_least(1), default=500, help="examples in all (500)")
+    parser.add_argument("--steps", type=at_least(1), default=60, help="max steps per example (60)")
     parser.add_argument(
         "--rounds", type=int, default=5, help="independent hypothesis runs sharing --examples"
     )
