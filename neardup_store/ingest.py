@@ -25,7 +25,9 @@ On restart a pending batch counts as committed exactly when its probe key is in 
 store (kept documents are always new keys); a batch that kept nothing changed only the
 fsynced outputs, so it counts as committed either way. Outputs are then truncated to the
 recorded sizes and reading continues at the recorded input offset, so the final outputs
-equal those of an uninterrupted run.
+equal those of an uninterrupted run. The sidecar also keeps a digest of the input's last
+4 KiB before that offset: an input that was replaced (or cut shorter) is refused, and
+lines appended to an input after the job finished are read by the next run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from . import codec
 from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, NeardupError
@@ -633,6 +636,7 @@ class _Position:
     dropped: int = 0
     failed: list[list[Any]] = field(default_factory=list)
     already_stored: int = 0
+    input_tail: str | None = None  # :func:`_tail_digest` at input_offset (newer files)
 
     def copy(self) -> _Position:
         return _Position(**{**vars(self), "failed": list(self.failed)})
@@ -662,11 +666,13 @@ def dedup(
     the record is not new. Unusable lines are reported as failures.
 
     Rerunning with the same arguments after an interruption resumes (see the module
-    docstring); a finished job returns its report without doing anything.
+    docstring); a finished job returns its report without doing anything, unless lines
+    were appended to the input since, which it goes on to read.
 
     Raises:
         Interrupted: on ``KeyboardInterrupt`` (rerun to resume).
-        DedupStateError: the progress file belongs to a different job.
+        DedupStateError: the progress file belongs to a different job, or the input is
+            not the one it read (replaced or truncated).
     """
     check_batch_size(batch_size, allow_auto=False)
     if threshold is not None:
@@ -690,6 +696,7 @@ def dedup(
     else:
         at, done = _resolve(store, state), bool(state.get("done"))
         resumed_from = at.line
+        done = done and not _check_input(paths[0], at, sidecar)  # appended lines: read on
         _truncate(paths[1], at.keep_bytes, sidecar)
         _truncate(paths[2], at.dropped_bytes, sidecar)
     run_batches = 0
@@ -713,7 +720,8 @@ def dedup(
                 lines = _read_lines(source, batch_size, at.line)
                 if not lines:
                     break
-                new = _dedup_batch(store, lines, at, keep, dropped, job, sidecar, threshold)
+                tail = _tail_digest(source, lines[-1][1])
+                new = _dedup_batch(store, lines, tail, at, keep, dropped, job, sidecar, threshold)
                 _save_state(sidecar, job, new, None, None)
                 at = new
                 run_batches += 1
@@ -743,9 +751,40 @@ def _read_lines(source: IO[bytes], count: int, line: int) -> list[tuple[int, int
     return lines
 
 
+def _tail_digest(source: IO[bytes], offset: int) -> str:
+    """xxh64 of the (up to) 4 KiB of ``source`` before ``offset``: enough to tell an input
+    that was replaced from one that was only appended to, without reading it all again.
+    Leaves the stream at ``offset``."""
+    start = max(0, offset - 4096)
+    source.seek(start)
+    digest = xxhash.xxh64_hexdigest(source.read(offset - start))
+    source.seek(offset)
+    return digest
+
+
+def _check_input(path: Path, at: _Position, sidecar: Path) -> bool:
+    """Refuse to resume on an input that is not the one the job read (shorter than the
+    position, or other bytes before it); returns whether lines were appended since."""
+    with path.open("rb") as source:
+        size = source.seek(0, os.SEEK_END)
+        if size < at.input_offset:
+            raise DedupStateError(
+                str(sidecar),
+                f"{path} is shorter than the position it records ({size} < "
+                f"{at.input_offset} bytes): the input was replaced or truncated",
+            )
+        if at.input_tail is not None and _tail_digest(source, at.input_offset) != at.input_tail:
+            raise DedupStateError(
+                str(sidecar),
+                f"{path} holds other bytes before the position it records: the input was replaced",
+            )
+    return size > at.input_offset
+
+
 def _dedup_batch(
     store: Store,
     lines: list[tuple[int, int, bytes]],
+    tail: str,
     at: _Position,
     keep: IO[bytes],
     dropped: IO[bytes],
@@ -755,7 +794,7 @@ def _dedup_batch(
 ) -> _Position:
     """Decide, write and commit one batch; returns the position after it."""
     new = at.copy()
-    new.line, new.input_offset = lines[-1][0], lines[-1][1]
+    new.line, new.input_offset, new.input_tail = lines[-1][0], lines[-1][1], tail
     new.batches += 1
     parsed: dict[int, tuple[bytes, dict[str, Any]]] = {}
     records: list[Record] = []

@@ -424,6 +424,51 @@ def test_dedup_refuses_a_bad_batch_size_before_writing(
     assert list(out.iterdir()) == [] and len(store) == 0
 
 
+def test_dedup_rerun_reads_lines_appended_to_a_finished_input(
+    tmp_path: Path, archive: Path, archive_lines: list[str]
+) -> None:
+    """An archive grows: the next run of the same job reads only the new lines, and the
+    outputs equal those of one run over the whole input."""
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("\n".join(archive_lines) + "\n")
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
+        expected = _dedup(fresh, whole, reference, batch_size=16)
+
+    archive.write_text("\n".join(archive_lines[:40]) + "\n")
+    out = tmp_path / "grown"
+    out.mkdir()
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        first = _dedup(store, archive, out, batch_size=16)
+        assert first.kept + first.dropped == 40
+        with archive.open("a") as appended:
+            appended.write("\n".join(archive_lines[40:]) + "\n")
+        report = _dedup(store, archive, out, batch_size=16)
+    assert (report.kept, report.dropped) == (expected.kept, expected.dropped)
+    assert report.resumed_from == 40
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+
+
+@pytest.mark.parametrize("change", ["replaced", "truncated"])
+def test_dedup_refuses_to_resume_on_another_input(
+    store: Store, archive: Path, archive_lines: list[str], change: str
+) -> None:
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=60)
+    before = {name: (out / name).read_bytes() for name in ["keep.jsonl", "dropped.jsonl"]}
+    if change == "replaced":  # the same size, other bytes
+        archive.write_text("\n".join(reversed(archive_lines)) + "\n")
+    else:
+        archive.write_text("\n".join(archive_lines[:10]) + "\n")
+    documents = len(store)
+    with pytest.raises(DedupStateError, match=change if change == "replaced" else "shorter"):
+        _dedup(store, archive, out, batch_size=60)
+    assert len(store) == documents
+    assert before == {name: (out / name).read_bytes() for name in before}
+
+
 def test_dedup_refuses_progress_of_another_job(store: Store, archive: Path) -> None:
     out = archive.parent
     _dedup(store, archive, out, batch_size=60)
