@@ -70,8 +70,10 @@ def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | No
 
 
 def _check_binary(stream: object, mode: str) -> None:
-    """Refuse a text stream before anything is read or written: exports are bytes."""
-    if isinstance(stream, io.TextIOBase):
+    """Refuse a text stream, or something that is no stream (a path, say), before anything
+    is read or written: exports are bytes."""
+    needed = "write" if "w" in mode else "read"
+    if isinstance(stream, io.TextIOBase) or not callable(getattr(stream, needed, None)):
         raise InvalidParameterError(
             "stream", type(stream).__name__, f"a binary stream (open the file with {mode!r})"
         )

@@ -301,6 +301,10 @@ class ReadTxn:
     ) -> list[list[Match]]:
         """:meth:`query` for many texts (signed in one batch) or many signatures."""
         _check_one_of(documents, signatures, "documents/signatures")
+        if exact is not None and not callable(exact):
+            raise InvalidParameterError(
+                "exact", type(exact).__name__, "a function from a stored key to its text"
+            )
         if documents is not None:
             check_batch(documents, "documents", "query()")
             texts = list(documents) if exact is not None else documents

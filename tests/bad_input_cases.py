@@ -460,6 +460,12 @@ CASES: list[Case] = [
          lambda store: store.import_(io.StringIO("x")), in_write=False),
     Case("export to a text stream", "export", InvalidParameterError, "open the file with 'wb'",
          lambda store: store.export(io.StringIO()), in_write=False),
+    Case("exact given as a string", "query", InvalidParameterError, "a function from a stored",
+         lambda t: t.query(TEXT, exact="texts.jsonl")),
+    Case("export to a path", "export", InvalidParameterError, "open the file with 'wb'",
+         lambda store: store.export("corpus.export"), in_write=False),  # type: ignore[arg-type]
+    Case("import from a path", "import", InvalidParameterError, "open the file with 'rb'",
+         lambda store: store.import_("corpus.export"), in_write=False),  # type: ignore[arg-type]
     Case("write block inside a write block", "add", StoreBusyError, "inside another one",
          lambda store: _nested_write(store), in_write=False),
     Case("import of a key already stored", "import", DuplicateKeyError, "already in the store",
