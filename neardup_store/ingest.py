@@ -65,7 +65,8 @@ its lines (and their outputs) in memory, and dedup's time goes to its queries mo
 to the pages its writes copy (a scratch run of 20k documents into a 1M store: 4.3-4.9k
 docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: positions carry input_tail (a version 1 file resumes unchecked)
+_READABLE_STATES = (1, 2)
 
 
 # -- records and reports ---------------------------------------------------------------------
@@ -696,7 +697,8 @@ def dedup(
     else:
         at, done = _resolve(store, state), bool(state.get("done"))
         resumed_from = at.line
-        done = done and not _check_input(paths[0], at, sidecar)  # appended lines: read on
+        grown = _check_input(paths[0], at, sidecar)  # on every resume, finished or not
+        done = done and not grown  # lines appended to a finished job's input: read on
         _truncate(paths[1], at.keep_bytes, sidecar)
         _truncate(paths[2], at.dropped_bytes, sidecar)
     run_batches = 0
@@ -717,11 +719,11 @@ def dedup(
         ):
             source.seek(at.input_offset)
             while True:
-                lines = _read_lines(source, batch_size, at.line)
+                lines, (line, offset) = _read_lines(source, batch_size, at.line)
                 if not lines:
                     break
-                tail = _tail_digest(source, lines[-1][1])
-                new = _dedup_batch(store, lines, tail, at, keep, dropped, job, sidecar, threshold)
+                end = (line, offset, _tail_digest(source, offset))
+                new = _dedup_batch(store, lines, end, at, keep, dropped, job, sidecar, threshold)
                 _save_state(sidecar, job, new, None, None)
                 at = new
                 run_batches += 1
@@ -736,19 +738,38 @@ def dedup(
     return report()
 
 
-def _read_lines(source: IO[bytes], count: int, line: int) -> list[tuple[int, int, bytes]]:
-    """Up to ``count`` non-blank lines as (line number, offset after it, bytes)."""
-    lines: list[tuple[int, int, bytes]] = []
+def _read_lines(
+    source: IO[bytes], count: int, line: int
+) -> tuple[list[tuple[int, bytes]], tuple[int, int]]:
+    """Up to ``count`` non-blank lines as (line number, bytes), and the number of the last
+    line consumed and the offset after it (blank lines count as lines, so that later
+    failures name the right line).
+
+    A last line without a newline is consumed only if it parses as JSON: a file may end
+    without one, but a line cut short may also be one a writer is still appending, whose
+    rest the next run must read with it. So that line is left for the next run.
+    """
+    lines: list[tuple[int, bytes]] = []
+    offset = source.tell()
     while len(lines) < count:
         raw = source.readline()
         if not raw:
             break
-        line += 1
+        if not raw.endswith(b"\n") and raw.strip() and not _parses(raw):
+            source.seek(offset)
+            break
+        line, offset = line + 1, source.tell()
         if raw.strip():
-            lines.append((line, source.tell(), raw))
-        elif lines:  # blank lines after the batch's last record are skipped with it
-            lines[-1] = (lines[-1][0], source.tell(), lines[-1][2])
-    return lines
+            lines.append((line, raw))
+    return lines, (line, offset)
+
+
+def _parses(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+        return False
+    return True
 
 
 def _tail_digest(source: IO[bytes], offset: int) -> str:
@@ -771,20 +792,22 @@ def _check_input(path: Path, at: _Position, sidecar: Path) -> bool:
             raise DedupStateError(
                 str(sidecar),
                 f"{path} is shorter than the position it records ({size} < "
-                f"{at.input_offset} bytes): the input was replaced or truncated",
+                f"{at.input_offset} bytes): the input was replaced or truncated (put the "
+                "original back to resume)",
             )
         if at.input_tail is not None and _tail_digest(source, at.input_offset) != at.input_tail:
             raise DedupStateError(
                 str(sidecar),
-                f"{path} holds other bytes before the position it records: the input was replaced",
+                f"{path} holds other bytes before the position it records: the input was "
+                "replaced (put the original back to resume)",
             )
     return size > at.input_offset
 
 
 def _dedup_batch(
     store: Store,
-    lines: list[tuple[int, int, bytes]],
-    tail: str,
+    lines: list[tuple[int, bytes]],
+    end: tuple[int, int, str],
     at: _Position,
     keep: IO[bytes],
     dropped: IO[bytes],
@@ -792,14 +815,15 @@ def _dedup_batch(
     sidecar: Path,
     threshold: float | None,
 ) -> _Position:
-    """Decide, write and commit one batch; returns the position after it."""
+    """Decide, write and commit one batch; returns the position after it (``end``: the
+    last line consumed, the offset after it and :func:`_tail_digest` there)."""
     new = at.copy()
-    new.line, new.input_offset, new.input_tail = lines[-1][0], lines[-1][1], tail
+    new.line, new.input_offset, new.input_tail = end
     new.batches += 1
     parsed: dict[int, tuple[bytes, dict[str, Any]]] = {}
     records: list[Record] = []
     name = Path(job["input"]).name
-    for number, _, raw in lines:
+    for number, raw in lines:
         fields = job["id_field"], job["text_field"], "utf-8", name, number
         item = parse_line(raw, f"{name}:{number}", *fields)
         if isinstance(item, Failure):
@@ -884,7 +908,7 @@ def _load_state(sidecar: Path, job: dict[str, Any]) -> dict[str, Any] | None:
         state = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise DedupStateError(str(sidecar), f"unreadable progress file ({err})") from None
-    if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+    if not isinstance(state, dict) or state.get("version") not in _READABLE_STATES:
         raise DedupStateError(str(sidecar), "not a progress file of this version")
     if state.get("job") != job:
         differs = sorted(k for k in job if state["job"].get(k) != job[k])

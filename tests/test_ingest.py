@@ -428,35 +428,48 @@ def test_dedup_rerun_reads_lines_appended_to_a_finished_input(
     tmp_path: Path, archive: Path, archive_lines: list[str]
 ) -> None:
     """An archive grows: the next run of the same job reads only the new lines, and the
-    outputs equal those of one run over the whole input."""
+    outputs equal those of one run over the whole input (blank lines that ended the old
+    input count, so a failure among the new lines names its own line)."""
+    old, new = [*archive_lines[:40], "", ""], ["{not json", *archive_lines[40:]]
     whole = tmp_path / "whole.jsonl"
-    whole.write_text("\n".join(archive_lines) + "\n")
+    whole.write_text("\n".join(old + new) + "\n")
     reference = tmp_path / "reference"
     reference.mkdir()
     with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
         expected = _dedup(fresh, whole, reference, batch_size=16)
+    assert [f.line for f in expected.failed] == [43]
 
-    archive.write_text("\n".join(archive_lines[:40]) + "\n")
+    archive.write_text("\n".join(old) + "\n")
     out = tmp_path / "grown"
     out.mkdir()
     with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
         first = _dedup(store, archive, out, batch_size=16)
         assert first.kept + first.dropped == 40
         with archive.open("a") as appended:
-            appended.write("\n".join(archive_lines[40:]) + "\n")
+            appended.write("\n".join(new) + "\n")
         report = _dedup(store, archive, out, batch_size=16)
     assert (report.kept, report.dropped) == (expected.kept, expected.dropped)
-    assert report.resumed_from == 40
+    assert [f.line for f in report.failed] == [43]
+    assert report.resumed_from == 42
     for name in ["keep.jsonl", "dropped.jsonl"]:
         assert (out / name).read_bytes() == (reference / name).read_bytes()
 
 
+def _stop_after_one(progress: BatchProgress) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("finished", [True, False])
 @pytest.mark.parametrize("change", ["replaced", "truncated"])
 def test_dedup_refuses_to_resume_on_another_input(
-    store: Store, archive: Path, archive_lines: list[str], change: str
+    store: Store, archive: Path, archive_lines: list[str], change: str, finished: bool
 ) -> None:
     out = archive.parent
-    _dedup(store, archive, out, batch_size=60)
+    if finished:
+        _dedup(store, archive, out, batch_size=60)
+    else:  # interrupted after its first batch: the check runs on every resume
+        with pytest.raises(Interrupted):
+            _dedup(store, archive, out, batch_size=60, on_batch=_stop_after_one)
     before = {name: (out / name).read_bytes() for name in ["keep.jsonl", "dropped.jsonl"]}
     if change == "replaced":  # the same size, other bytes
         archive.write_text("\n".join(reversed(archive_lines)) + "\n")
@@ -467,6 +480,39 @@ def test_dedup_refuses_to_resume_on_another_input(
         _dedup(store, archive, out, batch_size=60)
     assert len(store) == documents
     assert before == {name: (out / name).read_bytes() for name in before}
+
+
+def test_dedup_leaves_a_last_line_cut_short_for_the_next_run(
+    tmp_path: Path, archive: Path, archive_lines: list[str]
+) -> None:
+    """A writer may still be appending the input's last line: a line without a newline
+    that is no JSON yet is left unread, and read whole once it is complete. Blank lines
+    count as lines, so a failure after them names its own line."""
+    final = [*archive_lines[:40], "", "", "{not json", *archive_lines[40:]]
+    text = "\n".join(final) + "\n"
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text(text)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
+        expected = _dedup(fresh, whole, reference, batch_size=16)
+    assert [f.line for f in expected.failed] == [43]
+
+    cut = text.index(archive_lines[41]) + 20  # inside line 45, the second record after
+    archive.write_text(text[:cut])
+    out = tmp_path / "grown"
+    out.mkdir()
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        first = _dedup(store, archive, out, batch_size=16)
+        assert first.kept + first.dropped + len(first.failed) == 42  # 41 records, 1 bad
+        archive.write_text(text)  # the writer finishes its line and goes on
+        report = _dedup(store, archive, out, batch_size=16)
+    assert (report.kept, report.dropped) == (expected.kept, expected.dropped)
+    assert [(f.line, f.reason) for f in report.failed] == [
+        (f.line, f.reason) for f in expected.failed
+    ]
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
 
 
 def test_dedup_refuses_progress_of_another_job(store: Store, archive: Path) -> None:
