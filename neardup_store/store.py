@@ -34,7 +34,6 @@ import fcntl
 import os
 import resource
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -119,6 +118,11 @@ _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _OPENED_BY: dict[tuple[int, int] | None, int] = {}
 """Store directory (device, inode) -> pid of the process whose environment has it open: a
 forked child inherits the map, and must be told it is a child, not that it opened twice."""
+MAX_MAP_SIZE = 1 << 46
+"""The largest map asked for: an x86-64 process has 2**47 bytes of address space, and LMDB
+maps the whole map at once."""
+MAX_READERS = 1 << 16
+"""The most reader slots: each is 64 bytes of the lock file (4 MiB at this limit)."""
 FULL_DISK_SLACK = 1 << 20
 """Free bytes below which a disk counts as full when LMDB reports a write as an I/O error."""
 
@@ -240,13 +244,19 @@ class Store:
         if map_size is not None and (
             isinstance(map_size, bool)
             or not isinstance(map_size, int)
-            or not 1 << 16 <= map_size <= sys.maxsize
+            or not 1 << 16 <= map_size <= MAX_MAP_SIZE
         ):
             raise InvalidParameterError(
-                "map_size", map_size, f"an integer of bytes in [65536, {sys.maxsize}]"
+                "map_size", map_size, "an integer of bytes from 65536 to 2**46 (64 TiB)"
             )
-        if isinstance(max_readers, bool) or not isinstance(max_readers, int) or max_readers < 1:
-            raise InvalidParameterError("max_readers", max_readers, "an integer >= 1")
+        if (
+            isinstance(max_readers, bool)
+            or not isinstance(max_readers, int)
+            or not 1 <= max_readers <= MAX_READERS
+        ):
+            raise InvalidParameterError(
+                "max_readers", max_readers, f"an integer in [1, {MAX_READERS}]"
+            )
         if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o777 or mode < 0o700:
             shown = oct(mode) if isinstance(mode, int) else mode
             raise InvalidParameterError(

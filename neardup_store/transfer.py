@@ -308,10 +308,13 @@ def create_from_export(
         _import_records(
             store, reader, store._batch_sizes(batch_size, allow_none=False), False, progress
         )
-    except BaseException:
+    except BaseException as error:
         store.close()
         if store.created_here:  # not a store another process made at the path meanwhile
             _delete_created(Path(path), existed)
+            if isinstance(error, NeardupError) and getattr(error, "committed", 0):
+                error.committed = 0  # type: ignore[attr-defined]  # deleted with the store
+                error.__notes__ = ["the store this call created was deleted: nothing of it is left"]
         raise
     return store
 

@@ -922,6 +922,19 @@ def test_a_bad_record_keeps_earlier_batches_and_drops_its_own(store: Store, tmp_
         assert _contents(target) == _contents(store)
 
 
+def test_a_failed_create_from_export_deletes_its_store_and_says_nothing_is_left(
+    store: Store, tmp_path: Path
+) -> None:
+    stream = _export(store) + _record("bad", b"\x00" * 3)
+    with pytest.raises(InvalidStreamError, match="record #302") as caught:
+        Store.create_from_export(tmp_path / "copy", io.BytesIO(stream), batch_size=100)
+    assert not (tmp_path / "copy").exists()
+    assert caught.value.committed == 0  # type: ignore[attr-defined]
+    assert caught.value.__notes__ == [
+        "the store this call created was deleted: nothing of it is left"
+    ]
+
+
 # -- backup ---------------------------------------------------------------------------------
 
 
