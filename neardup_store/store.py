@@ -608,15 +608,15 @@ class Store:
             own = getattr(self._thread_state, "readers", 0)
             self._growth_waiting += 1
             try:
-                ended = self._readers_done.wait_for(
+                if not self._readers_done.wait_for(
                     lambda: self._active_readers <= own, timeout=RESIZE_WAIT_S
-                )
+                ):
+                    raise StoreBusyError(str(self.path), "grow the map while reads are running")
+                env.set_mapsize(size)
+                self.map_epoch += 1
             finally:
                 self._growth_waiting -= 1
-            if not ended:
-                raise StoreBusyError(str(self.path), "grow the map while reads are running")
-            env.set_mapsize(size)
-            self.map_epoch += 1
+                self._readers_done.notify_all()  # the reads held back for the growth
         _faults.checkpoint("after-grow")
 
     @contextmanager
@@ -631,17 +631,28 @@ class Store:
     def _begin_tracked(self, write: bool) -> lmdb.Transaction:
         """Begin a transaction counted as active, so :meth:`_resize` waits for it; the
         caller must call :meth:`_end_tracked` once it has ended."""
+        state = self._thread_state
         while True:
+            if self._growth_waiting and not getattr(state, "readers", 0):
+                self._let_growth_go_first()
             epoch = self.map_epoch
             txn = self._begin(write)  # outside the lock: a write begin may block
             with self._readers_lock:
                 if epoch == self.map_epoch:
-                    self._active_readers += 1
-                    break
+                    # Both counts in one step: an interrupt cannot leave them apart.
+                    self._active_readers, state.readers = (
+                        self._active_readers + 1,
+                        getattr(state, "readers", 0) + 1,
+                    )
+                    return txn
             txn.abort()  # the map changed while it began: begin again
-        state = self._thread_state
-        state.readers = getattr(state, "readers", 0) + 1
-        return txn
+
+    def _let_growth_go_first(self) -> None:
+        """Wait while a map growth waits for readers to end, in a thread that holds none
+        (one that holds a read must go on, or the growth would wait for it forever): a
+        stream of new reads from other threads would otherwise never let it in."""
+        with self._readers_done:
+            self._readers_done.wait_for(lambda: not self._growth_waiting, timeout=RESIZE_WAIT_S)
 
     def _end_tracked(self) -> None:
         with self._readers_lock:
@@ -697,7 +708,11 @@ class Store:
                     except BaseException:
                         writer._finish(commit=False)
                         raise
-                purge_due = writer._unlinked and self._purge_due(writer)
+                # A poisoned writer (a replay conflict caught in the block) may be closed:
+                # its end raises TransactionAbortedError, no purge is due.
+                purge_due = (
+                    writer._unlinked and writer._poisoned is None and self._purge_due(writer)
+                )
                 with self._typed_engine_errors():
                     writer._finish(commit=True)
             finally:
@@ -778,7 +793,7 @@ class Store:
         return codec.unpack_meta(txn.get(name.encode(), db=self._meta_db))
 
     def _write_counters(self, writer: WriteTxn) -> None:
-        txn = writer.txn
+        txn = writer._live  # not .txn: these writes are redone by _end after a growth
         counter = self._read_meta(txn, "commit_counter") + 1
         txn.put(b"commit_counter", codec.pack_meta(counter), db=self._meta_db)
         if writer._next_id is not None:
@@ -1174,16 +1189,23 @@ class _Reading:
     def __enter__(self) -> ReadTxn:
         store = self._store
         store._sweep_readers(force=False)
-        self._txn = store._begin_tracked(write=False)
-        self._reader = ReadTxn(store, self._txn)
+        txn = store._begin_tracked(write=False)
+        try:  # counted from here: an error (a Ctrl-C) before the block must uncount it
+            self._reader = ReadTxn(store, txn)
+            self._txn = txn
+        except BaseException:
+            txn.abort()
+            store._end_tracked()
+            raise
         return self._reader
 
     def __exit__(self, *exc_info: object) -> None:
-        reader, txn = self._reader, self._txn
-        if reader is None or txn is None:
+        txn, self._txn = self._txn, None
+        if txn is None:
             return
-        self._reader = self._txn = None
         try:
+            reader, self._reader = self._reader, None
+            assert reader is not None  # set before _txn by __enter__
             stale = reader.epoch != self._store.map_epoch
             reader._close()
             if not stale:  # a stale one was ended by the map's growth

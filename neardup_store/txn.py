@@ -691,13 +691,19 @@ class WriteTxn(ReadTxn):
         self._replaying = False
         self._wrote = False  # since the LMDB transaction began
         self._unlinked = False  # whether it removed documents (a purge may be due after it)
+        self._operating = 0  # logged operations running (their raw writes are replayed)
+        self._raw = False  # the raw transaction was handed out outside them
 
     @property
     def txn(self) -> lmdb.Transaction:
         """The LMDB transaction, for callers that write the tables directly: handing it
         out counts as a write, so the transaction commits (one that wrote nothing ends
-        without a commit, :meth:`_end`)."""
+        without a commit, :meth:`_end`). Such writes are not in the operation log, so a
+        map growth later in the block cannot replay them: the block then fails with
+        :class:`TransactionAbortedError` (retry it; the map has grown)."""
         self._wrote = True
+        if not self._operating:
+            self._raw = True
         return self._live
 
     def _band_cache(self) -> CacheLookup | None:
@@ -725,11 +731,14 @@ class WriteTxn(ReadTxn):
         if self._poisoned is not None:
             raise TransactionAbortedError(self._poisoned)
         while True:
+            self._operating += 1
             try:
                 result = operation(*args, **kwargs)
             except lmdb.MapFullError:
                 self._redo_after_growth()
                 continue
+            finally:
+                self._operating -= 1
             self._log.append((operation, args, kwargs, _fingerprint(result)))
             return result
 
@@ -740,13 +749,23 @@ class WriteTxn(ReadTxn):
         self.epoch = self._store.map_epoch
         self._next_id = None
         self._wrote = False
+        if self._raw:  # writes made through .txn are in no log: they cannot be redone
+            self._close_txn(commit=False)
+            self._poisoned = (
+                "the map had to grow, and writes made through WriteTxn.txn cannot be "
+                "replayed; run the block again (the map is larger now)"
+            )
+            raise TransactionAbortedError(self._poisoned)
         for operation, args, kwargs, expected in self._log:
+            self._operating += 1
             try:
                 again = _fingerprint(operation(*args, **kwargs))
             except lmdb.MapFullError:
                 return self._redo_after_growth()
             except Exception as err:
                 self._refuse_replay(f"{type(err).__name__}: {err}", err)
+            finally:
+                self._operating -= 1
             if again != expected:
                 self._refuse_replay(f"{operation.__name__} returned {again!r}")
         return None

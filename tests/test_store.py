@@ -9,6 +9,7 @@ import random
 import string
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -394,6 +395,89 @@ def test_a_write_through_the_raw_transaction_commits(store: Store) -> None:
     with store.read() as reader:
         assert codec.unpack_meta(reader.txn.get(b"probe", db=store._meta_db)) == 1
     assert commit_counter(store) == counter + 1
+
+
+def test_raw_writes_that_a_map_growth_cannot_replay_fail_the_block(tmp_path: Path) -> None:
+    """A growth redoes the block from its log of operations; a raw write is in none, so
+    the block fails (nothing of it kept) instead of committing without it (a review
+    found it committed silently). Each failure leaves the map larger, so running the
+    block again gets through."""
+    texts = random_texts(300)
+
+    def block(store: Store) -> None:
+        with store.write() as txn:
+            txn.txn.put(b"probe", codec.pack_meta(1), db=store._meta_db)
+            txn.add_many((f"d{i}", text) for i, text in enumerate(texts))
+
+    with Store.open(tmp_path / "s", create=True, map_size=1 << 16, num_perm=64) as store:
+        counter, failures = commit_counter(store), []
+        while True:
+            try:
+                block(store)
+                break
+            except TransactionAbortedError as err:
+                failures.append((str(err), len(store), commit_counter(store)))
+                assert len(failures) < 10, "the map never grew enough"
+        assert failures and len(store) == 300
+        for message, documents, commits in failures:  # each failure kept nothing
+            assert "WriteTxn.txn cannot be replayed" in message
+            assert (documents, commits) == (0, counter)
+        with store.read() as reader:
+            assert codec.unpack_meta(reader.txn.get(b"probe", db=store._meta_db)) == 1
+
+
+def test_a_growth_is_not_starved_by_threads_that_keep_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A growth waits for other threads' reads to end; new reads from threads that hold
+    none wait for it, or two threads querying without pause would keep it out until it
+    gives up with StoreBusyError (a review found every growth failing so)."""
+    monkeypatch.setattr(store_module, "RESIZE_WAIT_S", 3.0)
+    texts = random_texts(40)
+    with Store.open(tmp_path / "s", create=True, map_size=1 << 16, num_perm=64) as store:
+        store.add_many((f"k{i}", text) for i, text in enumerate(texts))
+        stop, errors, queries = threading.Event(), [], [0]
+
+        def query_without_pause() -> None:
+            try:
+                while not stop.is_set():
+                    assert store.query(texts[3])[0].key == "k3"
+                    queries[0] += 1
+            except Exception as err:  # reported by the main thread
+                errors.append(err)
+
+        threads = [threading.Thread(target=query_without_pause) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            epoch = store.map_epoch
+            store.add_many((f"n{i}", text) for i, text in enumerate(random_texts(2000)))
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        assert store.map_epoch > epoch and len(store) == 2040
+        assert not errors and queries[0] > 0
+        assert store._active_readers == 0
+
+
+def test_an_interrupt_as_a_read_begins_leaves_no_reader_counted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C can land after the reader was counted and before the block began: the
+    count must come back down, or every later map growth would wait for a reader that
+    does not exist."""
+    from neardup_store import txn as txn_module
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(txn_module.ReadTxn, "__init__", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            store.query("some text")
+    assert store._active_readers == 0 and store._thread_state.readers == 0
+    store._resize(0)  # a growth does not wait for a phantom reader
 
 
 def test_exception_in_write_block_rolls_back_everything(store: Store) -> None:
