@@ -25,12 +25,12 @@ from . import cli_render as render
 from . import ingest
 from ._version import __version__
 from .demo import run_demo
-from .errors import EmptyDocumentError, NeardupError, StoreNotFoundError
+from .errors import EmptyDocumentError, NeardupError, NotAStoreError, StoreNotFoundError
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .params import StoreParams, resolve_params
-from .store import Store
+from .store import UNFINISHED_CREATION, Store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding
 from .txn import Match
 
@@ -358,6 +358,9 @@ def init(path: str, mode: str, as_json: bool, **params_options: Any) -> None:
         Store.open(path, read_only=True).close()
     except StoreNotFoundError:
         pass
+    except NotAStoreError as err:
+        if err.found != UNFINISHED_CREATION:  # else a killed init: creating it goes on
+            raise
     else:
         raise InputError(f"{path}: a store already exists here; init only creates new stores")
     asked = _params_from(params_options)

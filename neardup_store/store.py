@@ -118,6 +118,11 @@ _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _OPENED_BY: dict[tuple[int, int] | None, int] = {}
 """Store directory (device, inode) -> pid of the process whose environment has it open: a
 forked child inherits the map, and must be told it is a child, not that it opened twice."""
+UNFINISHED_CREATION = (
+    "an empty LMDB environment: its creation has not committed (it was interrupted, or "
+    "another process is still creating it); open it with create=True to create the store"
+)
+"""What :class:`NotAStoreError` finds where a creation never committed (``init`` may go on)."""
 MAX_MAP_SIZE = 1 << 46
 """The largest map asked for: an x86-64 process has 2**47 bytes of address space, and LMDB
 maps the whole map at once."""
@@ -381,12 +386,7 @@ class Store:
             # A process died while creating the store: nothing was committed, so there is
             # nothing to keep, and refusing would leave the directory unusable for good.
             if not create:
-                raise NotAStoreError(
-                    str(self.path),
-                    "an empty LMDB environment: its creation has not committed (it was "
-                    "interrupted, or another process is still creating it); open it with "
-                    "create=True to create the store",
-                )
+                raise NotAStoreError(str(self.path), UNFINISHED_CREATION)
             self._create(resolve_params(*asked), map_size, max_readers)
             return
         params = self._params_from_meta(meta)

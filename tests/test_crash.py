@@ -199,6 +199,24 @@ def _create_in_child(path: Path, fault: str) -> int:
     return subprocess.run([sys.executable, "-c", code, str(path)], env=env, check=False).returncode
 
 
+def test_init_goes_on_where_a_killed_init_left_an_unfinished_store(tmp_path: Path) -> None:
+    """`neardup-admin init` after a killed creation creates the store (it used to refuse,
+    telling the user to run init), and still refuses a store that exists."""
+    from click.testing import CliRunner
+
+    from neardup_store.cli import cli
+
+    path = tmp_path / "store"
+    assert _create_in_child(path, "before-create:1") == -signal.SIGKILL
+    runner = CliRunner()
+    created = runner.invoke(cli, ["init", str(path), "--num-perm", "64"])
+    assert created.exit_code == 0, created.output
+    with Store.open(path) as store:
+        assert store.config.num_perm == 64 and store.check().ok
+    again = runner.invoke(cli, ["init", str(path)])
+    assert again.exit_code == 2 and "a store already exists here" in again.output
+
+
 def test_a_creation_killed_before_its_commit_can_be_created_again(tmp_path: Path) -> None:
     # Regression: the meta table used to be made in a transaction of its own, and any
     # environment without our meta entries was refused, so a creation killed before its
