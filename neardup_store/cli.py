@@ -235,15 +235,12 @@ def _query_line(raw: bytes, id_field: str, text_field: str) -> tuple[Any, str] |
     """A JSON line's ``(id or None, text)``, or why it is no query (worded as ``add``
     words it)."""
     try:
-        record = json.loads(raw.decode("utf-8").rstrip("\r\n"))
+        record = ingest.json_object(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         reason = f"not valid UTF-8 at byte {err.start} ({err.reason})"
         return _BadLine(reason, None, type(err).__name__)
-    except json.JSONDecodeError as err:
-        reason = f"malformed JSON ({err.msg} at column {err.colno})"
-        return _BadLine(reason, None, type(err).__name__)
-    if not isinstance(record, dict):
-        return _BadLine(f"expected a JSON object, got {type(record).__name__}", None, "TypeError")
+    if isinstance(record, tuple):
+        return _BadLine(record[0], None, record[1])
     qid = record.get(id_field)
     if text_field not in record:
         return _BadLine(f"missing field {text_field!r}", qid, "KeyError")

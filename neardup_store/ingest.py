@@ -322,13 +322,11 @@ def parse_line(
         return Failure(source, reason, file, line, key, error)
 
     try:
-        obj = json.loads(raw.decode(encoding).rstrip("\r\n"))  # an error's column on this line
+        obj = json_object(raw.decode(encoding))
     except UnicodeDecodeError as err:
         return failure(_decode_reason(err, encoding), type(err).__name__)
-    except json.JSONDecodeError as err:
-        return failure(f"malformed JSON ({err.msg} at column {err.colno})", type(err).__name__)
-    if not isinstance(obj, dict):
-        return failure(f"expected a JSON object, got {type(obj).__name__}", "TypeError")
+    if isinstance(obj, tuple):
+        return failure(*obj)
     missing = [f for f in (id_field, text_field) if f not in obj]
     if missing:
         return failure(
@@ -345,6 +343,18 @@ def parse_line(
         return failure(reason, "TypeError", key)
     metadata = {k: v for k, v in obj.items() if k not in (id_field, text_field)} or None
     return Record(key, text, metadata, source, file, line), obj
+
+
+def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
+    """A JSON line's object, or why it is none as ``(reason, error type name)``: the
+    wording of every command that reads JSON lines."""
+    try:
+        obj = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
+    except json.JSONDecodeError as err:
+        return f"malformed JSON ({err.msg} at column {err.colno})", type(err).__name__
+    if not isinstance(obj, dict):
+        return f"expected a JSON object, got {type(obj).__name__}", "TypeError"
+    return obj
 
 
 def _json_type(value: object) -> str:

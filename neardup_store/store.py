@@ -639,7 +639,8 @@ class Store:
             txn = self._begin(write)  # outside the lock: a write begin may block
             with self._readers_lock:
                 if epoch == self.map_epoch:
-                    # Both counts in one step: an interrupt cannot leave them apart.
+                    # Both counts in one statement, with no call between the two stores
+                    # for a pending signal to interrupt.
                     self._active_readers, state.readers = (
                         self._active_readers + 1,
                         getattr(state, "readers", 0) + 1,
@@ -1229,7 +1230,8 @@ def _creation_lock(directory: Path, create: bool, mode: int) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-_OWN_FILES = frozenset({"data.mdb", "lock.mdb", LOCK_FILE, CREATE_LOCK_FILE})
+STORE_FILES = ("data.mdb", "lock.mdb", LOCK_FILE, CREATE_LOCK_FILE)
+"""The files a store directory holds of its own (a killed creation leaves some of them)."""
 
 
 def _refuse_foreign_files(directory: Path) -> None:
@@ -1241,7 +1243,7 @@ def _refuse_foreign_files(directory: Path) -> None:
     foreign = sorted(
         entry.name
         for entry in directory.iterdir()
-        if entry.name not in _OWN_FILES and not entry.name.startswith(".compact-")
+        if entry.name not in STORE_FILES and not entry.name.startswith(".compact-")
     )
     if foreign:
         shown = ", ".join(repr(name) for name in foreign[:3])

@@ -29,7 +29,7 @@ from .errors import InvalidParameterError, InvalidStreamError, NeardupError
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import CREATE_LOCK_FILE, LOCK_FILE, Store, _placed, batches, check_batch_size
+from .store import STORE_FILES, Store, _placed, batches, check_batch_size
 
 if TYPE_CHECKING:
     from .txn import Key
@@ -325,5 +325,5 @@ def _delete_created(path: Path, existed: bool) -> None:
     if not existed:
         shutil.rmtree(path, ignore_errors=True)
         return
-    for name in ("data.mdb", "lock.mdb", LOCK_FILE, CREATE_LOCK_FILE):
+    for name in STORE_FILES:
         (path / name).unlink(missing_ok=True)
