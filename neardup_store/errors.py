@@ -26,6 +26,17 @@ class InvalidParameterError(NeardupError, ValueError):
         self.name, self.value, self.expected = name, value, expected
 
 
+def check_flags(**flags: object) -> None:
+    """Raise :class:`InvalidParameterError` for the first of ``flags`` that is not a bool.
+
+    A flag decides whether data is replaced, removed or repaired: a truthy ``"no"`` or a
+    falsy ``None`` passed by mistake must not decide it silently.
+    """
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise InvalidParameterError(name, flag, "True or False")
+
+
 class DocumentError(NeardupError):
     """An error about one document of a call; ``index`` is its position among the call's
     documents (``None`` for a call that takes one). The message is made from the

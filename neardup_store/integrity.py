@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec, lmdbfile
+from .errors import check_flags
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
 
@@ -541,6 +542,7 @@ def check(store: Store, repair: bool = False) -> CheckReport:
         >>> report.ok, [v.kind for v in report.violations]  # doctest: +SKIP
         (True, [])
     """
+    check_flags(repair=repair)
     if repair:
         store._check_writable()
     checked, found = _run_check(store)

@@ -37,7 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec
-from .errors import CorruptStoreError, IdsExhaustedError, InvalidParameterError, StoreBusyError
+from .errors import (
+    CorruptStoreError,
+    IdsExhaustedError,
+    InvalidParameterError,
+    StoreBusyError,
+    check_flags,
+)
 from .integrity import (
     VIOLATION_KINDS,
     CheckReport,
@@ -565,6 +571,7 @@ def compact(
         >>> report = store.compact()  # doctest: +SKIP
         >>> report.bytes_before - report.bytes_after  # doctest: +SKIP
     """
+    check_flags(dry_run=dry_run)
     data = store.path / "data.mdb"
     if dry_run:
         with store.read() as reader:

@@ -65,6 +65,7 @@ from .errors import (
     StoreIOError,
     StoreNotFoundError,
     TooManyReadersError,
+    check_flags,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
@@ -240,10 +241,7 @@ class Store:
             FormatVersionError: written by an unknown format version.
             ParamsMismatchError: a passed parameter conflicts with the stored one.
         """
-        for name, flag in (("create", create), ("read_only", read_only), ("durable", durable),
-                           ("band_cache", band_cache)):  # fmt: skip
-            if not isinstance(flag, bool):
-                raise InvalidParameterError(name, flag, "True or False")
+        check_flags(create=create, read_only=read_only, durable=durable, band_cache=band_cache)
         if read_only and create:
             raise InvalidParameterError("create", create, "False when read_only=True")
         if map_size is not None and (
@@ -903,6 +901,7 @@ class Store:
         call's first item.
         """
         check_batch(items, *TEXT_ITEMS)
+        check_flags(replace=replace)
         if replace:
             return self._in_batches(
                 items,
@@ -934,6 +933,7 @@ class Store:
         """:meth:`WriteTxn.add_signatures`, committing every ``batch_size`` items (as for
         :meth:`add_many`)."""
         check_batch(items, *SIGNATURE_ITEMS)
+        check_flags(replace=replace)
         return self._in_batches(
             items, batch_size, lambda txn, batch: txn.add_signatures(batch, replace=replace)
         )
@@ -1008,6 +1008,7 @@ class Store:
         another process removes meanwhile fails its batch, the ones before it stay).
         """
         check_batch(keys, *KEYS)
+        check_flags(missing_ok=missing_ok)
         wanted = list({codec.key_index(*codec.key_bytes(key)): key for key in keys}.values())
         next_size = self._batch_sizes(batch_size)
         first = next_size()

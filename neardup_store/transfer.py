@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from . import codec
 from ._version import __version__
-from .errors import InvalidParameterError, InvalidStreamError, NeardupError
+from .errors import InvalidParameterError, InvalidStreamError, NeardupError, check_flags
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
@@ -247,6 +247,7 @@ def import_(
         ReadOnlyError: the store is open read-only.
     """
     store._check_writable()
+    check_flags(replace=replace)
     next_size = store._batch_sizes(batch_size, allow_none=False)
     _check_binary(stream, "rb")
     reader = _ExportReader(stream)

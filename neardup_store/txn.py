@@ -34,6 +34,7 @@ from .errors import (
     StoreClosedError,
     TransactionAbortedError,
     TransactionConflictError,
+    check_flags,
 )
 from .lsh import band_keys
 from .similarity import hashed_jaccard
@@ -242,9 +243,27 @@ class ReadTxn:
         return Document(record.key, record.signature, record.metadata)
 
     def keys(self) -> Iterator[Key]:
-        """Every stored key, in insertion order (of this snapshot)."""
-        with self._live.cursor(db=self._store._docs_db) as cursor:
-            for raw_id, record in cursor:
+        """Every stored key, in insertion order (of this snapshot).
+
+        Raises:
+            StoreClosedError: the iterator was read on after its transaction ended (the
+                block closed, or a map growth replaced a writer's transaction).
+        """
+        txn = self._live
+        with txn.cursor(db=self._store._docs_db) as cursor:
+            rows = iter(cursor)
+            while True:
+                try:
+                    raw_id, record = next(rows)
+                except StopIteration:
+                    return
+                except lmdb.Error:
+                    if self._txn is txn and self.epoch == self._store.map_epoch:
+                        raise
+                    raise StoreClosedError(
+                        "transaction under this key iterator (its block ended, or a map "
+                        "growth replaced it)"
+                    ) from None
                 raw, is_str = codec.record_key(record, codec.decode_id(raw_id))
                 yield raw.decode("utf-8") if is_str else raw
 
@@ -991,6 +1010,7 @@ class WriteTxn(ReadTxn):
                 (nothing is written).
         """
         self._store._check_writable()
+        check_flags(replace=replace)
         _check_one_of(document, signature, "document/signature")
         sigs = None if signature is None else self._store._check_signature(signature)[None, :]
         with single_document():
@@ -1010,6 +1030,7 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         check_batch(items, *TEXT_ITEMS)
+        check_flags(replace=replace)
         batch = [document_item(entry) for entry in items]
         return self._add_batch(prepare_batch(self._store, batch, encoding=encoding), replace)
 
@@ -1026,6 +1047,7 @@ class WriteTxn(ReadTxn):
         """
         self._store._check_writable()
         check_batch(items, *SIGNATURE_ITEMS)
+        check_flags(replace=replace)
         batch = [document_item(entry, "signature") for entry in items]
         if not batch:
             return 0
@@ -1090,6 +1112,7 @@ class WriteTxn(ReadTxn):
             KeyNotFoundError: the key is not stored and ``missing_ok`` is false.
         """
         self._store._check_writable()
+        check_flags(missing_ok=missing_ok)
         codec.key_bytes(key)
         return bool(self._run(self._remove_one, key, missing_ok))
 
@@ -1097,6 +1120,7 @@ class WriteTxn(ReadTxn):
         """Remove many documents; returns how many were removed."""
         self._store._check_writable()
         check_batch(keys, *KEYS)
+        check_flags(missing_ok=missing_ok)
         keys = list(keys)
         for key in keys:
             codec.key_bytes(key)

@@ -88,6 +88,8 @@ def test_the_table_covers_every_operation() -> None:
         "query",
         "import",
         "export",
+        "check",
+        "compact",
     }
     assert len(CASES) >= 80
 

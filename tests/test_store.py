@@ -1560,6 +1560,38 @@ def test_growth_ends_the_growing_threads_own_snapshot_with_a_typed_error(
         assert len(store) == 401 and store.get("a").key == "a"
 
 
+def test_a_key_iterator_outliving_its_transaction_raises_a_typed_error(
+    store_path: Path,
+) -> None:
+    """A key iterator holds an LMDB cursor; read on after its transaction ended (the
+    block closed, or a growth ended or replaced it) it raised a raw lmdb.Error."""
+    extra = ((f"k{i}", t, {"p": b"x" * 2048}) for i, t in enumerate(random_texts(400)))
+    with Store.open(store_path, create=True, map_size=256 * KiB) as store:
+        store.add_many([("a", "a first document to read"), ("b", "a second one")])
+        with store.read() as snapshot:
+            after_block = snapshot.keys()
+            assert next(after_block) == "a"
+        with pytest.raises(StoreClosedError, match="key iterator"):
+            next(after_block)
+        with store.read() as snapshot:
+            after_growth = iter(snapshot)
+            assert next(after_growth) == "a"
+            store.add_many(extra, batch_size=None)  # this thread's write grows the map
+            with pytest.raises(StoreClosedError, match="key iterator"):
+                next(after_growth)
+        with store.write() as writer:
+            own, epoch = writer.keys(), store.map_epoch
+            assert next(own) == "a"
+            writer.add_many(
+                (f"w{i}", t, {"p": b"y" * 4096}) for i, t in enumerate(random_texts(400, seed=1))
+            )  # past the map again: the block is redone in a new LMDB transaction
+            assert store.map_epoch > epoch
+            with pytest.raises(StoreClosedError, match="key iterator"):
+                next(own)
+            assert next(writer.keys()) == "a"
+        assert len(store) == 802
+
+
 def test_growth_waits_for_readers_of_other_threads(store_path: Path) -> None:
     import threading
 
