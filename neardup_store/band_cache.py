@@ -22,6 +22,9 @@ Why it can answer for a snapshot without replaying what each commit changed:
   cache. Before its first write it reads the snapshot it began on (numbered one below
   its own transaction id), and the cache catches up with that, never with records the
   transaction wrote, which an abort could hand out again.
+* A record the cache cannot parse (damage) has no entries in it: a snapshot that still
+  holds one queries through LMDB, whose band tables find the document and whose read of
+  it raises :class:`~.CorruptRecordError`, as without a cache.
 
 Candidates are the same as LMDB's: the cache keys each entry by the bytes of the band key
 the store's :class:`~.codec.BandLayout` keeps (40 bits in formats 4 and 5). Entries of removed
@@ -203,12 +206,13 @@ class _Tables:
     a reader holding one is never left with less than its snapshot needs.
     """
 
-    __slots__ = ("entries", "next_id", "table")
+    __slots__ = ("entries", "next_id", "table", "unparsed")
 
     def __init__(self, bands: int, capacity: int = _MIN_CAPACITY) -> None:
         self.table: Table = np.zeros((bands, capacity, 2), dtype=np.uint64)
         self.entries = 0
         self.next_id = 0  # records from this id on are not in the tables yet
+        self.unparsed: tuple[bytes, ...] = ()  # ids of damaged records, not in the tables
 
     def grown(self, entries: int) -> _Tables:
         """These tables, or a larger copy if ``entries`` would fill them past the maximum
@@ -219,7 +223,7 @@ class _Tables:
             return self
         copy = _Tables(bands, int(needed / _GROWN_LOAD) + 1)
         _loops().rehash(self.table, copy.table)
-        copy.entries, copy.next_id = self.entries, self.next_id
+        copy.entries, copy.next_id, copy.unparsed = self.entries, self.next_id, self.unparsed
         return copy
 
 
@@ -246,22 +250,27 @@ class BandCache:
 
     def ready_for(self, txn: lmdb.Transaction, snapshot: int | None = None) -> CacheLookup | None:
         """Lookups that answer for the snapshot ``txn`` reads (after catching up with it),
-        or ``None`` if the cache cannot answer for it (an older snapshot). ``snapshot``
-        numbers it when ``txn.id()`` does not: a write transaction that has not written
-        reads the snapshot before its own number."""
+        or ``None`` if the cache cannot answer for it: an older snapshot, or one holding a
+        record the cache could not parse (LMDB's band tables find that document, and
+        reading it raises :class:`~.CorruptRecordError`). ``snapshot`` numbers it when
+        ``txn.id()`` does not: a write transaction that has not written reads the snapshot
+        before its own number."""
         snapshot = txn.id() if snapshot is None else snapshot
         synced, tables = self._state
-        if snapshot == synced:
-            return CacheLookup(self, tables)
         if snapshot < synced:
             return None
-        with self._lock:
-            synced, tables = self._state
-            if snapshot < synced:
-                return None
-            if snapshot > synced:
-                tables = self._catch_up(txn, tables)
-                self._state = (snapshot, tables)
+        if snapshot > synced:
+            with self._lock:
+                synced, tables = self._state
+                if snapshot < synced:
+                    return None
+                if snapshot > synced:
+                    tables = self._catch_up(txn, tables)
+                    self._state = (snapshot, tables)
+        if tables.unparsed and any(
+            txn.get(doc_id, db=self._store._docs_db) is not None for doc_id in tables.unparsed
+        ):
+            return None
         return CacheLookup(self, tables)
 
     def kept(self, sigs: npt.NDArray[np.uint32]) -> Table:
@@ -326,6 +335,8 @@ class BandCache:
         tables = tables.grown(tables.entries + self._store.banding.bands * int(ok.sum()))
         added = _loops().insert(tables.table, self.kept(sigs[ok]), doc_ids[ok])
         tables.entries += added
+        if not ok.all():
+            tables.unparsed += tuple(ids[i] for i in np.flatnonzero(~ok).tolist())
         tables.next_id = max(tables.next_id, int(doc_ids[-1]) + 1)
         return tables
 

@@ -29,6 +29,7 @@ from test_format import rewrite_as_old_format
 
 from neardup_store import codec
 from neardup_store.band_cache import BandCache, CacheLookup, _loops
+from neardup_store.errors import CorruptRecordError
 from neardup_store.lsh import LSHParams, band_keys
 from neardup_store.store import Store
 from neardup_store.txn import Match, ReadTxn
@@ -410,6 +411,35 @@ def test_an_older_snapshot_falls_back_to_lmdb_and_still_finds_what_it_holds(
             assert again == direct == first
             assert keys_of(again[0][7]) == ["d7"] and again[0][-1] == []
             assert lookups[0] > 0  # through LMDB
+
+
+def test_a_record_the_cache_cannot_parse_sends_queries_through_lmdb_until_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A damaged record has no entries in the cache, so a query for it found nothing
+    where LMDB's band tables find it and its read raises CorruptRecordError: the cache
+    does not answer for a snapshot holding such a record, and does again once it is
+    removed."""
+    rng = np.random.default_rng(8)
+    sigs = random_sigs(rng, 200)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs[:100]))
+        with store.write() as writer:  # d5's record with an unknown version byte
+            docs = store._docs_db
+            doc_id = writer._lookup("d5")[0]
+            record = bytearray(writer.txn.get(doc_id, db=docs))
+            record[0] = 99
+            writer.txn.put(doc_id, bytes(record), db=docs)
+        store.add_signatures(items("d", sigs[100:], start=100))  # caught up after it
+        with pytest.raises(CorruptRecordError):
+            store.query(signature=sigs[5])
+        with band_lookups() as lookups:
+            assert keys_of(store.query(signature=sigs[150])) == ["d150"]
+        assert lookups[0] > 0  # through LMDB
+        store.remove("d5")
+        with store.read() as txn:
+            found, direct = cached_and_direct(store, lambda: signature_questions(txn, sigs))
+        assert found == direct and found[0][5] == [] and keys_of(found[0][150]) == ["d150"]
 
 
 # -- write transactions --------------------------------------------------------------------------
