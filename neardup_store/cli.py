@@ -650,7 +650,15 @@ def dedup(
         "already_stored": result.already_stored,
         "failed": len(result.failed),
         "resumed_from_line": result.resumed_from,
+        "held_back_bytes": result.held_back_bytes,
     }
+    if result.held_back_bytes:
+        click.echo(
+            f"{input_path}: its last line ({result.held_back_bytes} bytes) has no newline and "
+            "is not JSON: left unread (a writer may still be appending it); run the same "
+            "command again once it is complete",
+            err=True,
+        )
     _report_failures(summary, result.failed, as_json, "see --json")
     if fail_on_duplicates and result.dropped:
         sys.exit(1)

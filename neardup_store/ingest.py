@@ -159,7 +159,9 @@ class DedupReport:
 
     ``resumed_from`` is the input line the run continued after (``None``: a fresh start).
     ``already_stored`` counts the dropped lines whose key the store already held (the case
-    :func:`ingest` reports as skipped); ``dropped`` includes them.
+    :func:`ingest` reports as skipped); ``dropped`` includes them. ``held_back_bytes`` is
+    the size of an unfinished last line left unread: no newline and not JSON (yet), as a
+    line a writer is still appending; a later run reads it once it is complete.
     """
 
     kept: int
@@ -168,6 +170,7 @@ class DedupReport:
     resumed_from: int | None
     batches_committed: int
     already_stored: int = 0
+    held_back_bytes: int = 0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -711,12 +714,12 @@ def dedup(
         done = done and not grown  # lines appended to a finished job's input: read on
         _truncate(paths[1], at.keep_bytes, sidecar)
         _truncate(paths[2], at.dropped_bytes, sidecar)
-    run_batches = 0
+    run_batches = held_back = 0
 
     def report() -> DedupReport:
         failures = [Failure(*fields) for fields in at.failed]
         return DedupReport(
-            at.kept, at.dropped, failures, resumed_from, at.batches, at.already_stored
+            at.kept, at.dropped, failures, resumed_from, at.batches, at.already_stored, held_back
         )
 
     if done:
@@ -742,6 +745,8 @@ def dedup(
                         at.batches, at.line, at.kept, at.dropped, len(at.failed), at.input_offset
                     )
                     on_batch(progress)
+            source.seek(at.input_offset)  # what is left: blank lines, then perhaps one cut short
+            held_back = len(source.read().lstrip())
         _save_state(sidecar, job, at, None, None, done=True)
     except KeyboardInterrupt as err:
         raise Interrupted(report()) from err

@@ -766,6 +766,7 @@ def test_dedup_exits_1_and_lists_each_failed_line(
     *failures, summary = _jsonl(result.output)
     assert summary["summary"] == {
         "kept": 3, "dropped": 2, "already_stored": 0, "failed": 2, "resumed_from_line": None,
+        "held_back_bytes": 0,
     }  # fmt: skip
     assert [
         (r["failed"]["source"], r["failed"]["line"], r["failed"]["key"], r["failed"]["error"])
@@ -774,10 +775,31 @@ def test_dedup_exits_1_and_lists_each_failed_line(
     again = _run(runner, *_dedup_args(archive, tmp_path))  # the finished job reports the same
     assert again.exit_code == 1
     assert again.output.splitlines() == [
-        "kept 3, dropped 2, already_stored 0, failed 2, resumed_from_line 7",
+        "kept 3, dropped 2, already_stored 0, failed 2, resumed_from_line 7, held_back_bytes 0",
         "  failed: a.jsonl:6: malformed JSON (Expecting value at column 1)",
         "  failed: a.jsonl:7: empty document",
     ]
+
+
+def test_dedup_says_when_it_leaves_an_unfinished_last_line_unread(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """A last line without a newline that is not JSON is left for the next run (a writer
+    may be appending it): the summary counts its bytes and stderr says what to do."""
+    unfinished = '{"id": "late", "te'
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus, "\n" + unfinished)
+    result = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    summary = _jsonl(result.stdout)[-1]["summary"]
+    assert summary["kept"] + summary["dropped"] == 5
+    assert summary["held_back_bytes"] == len(unfinished)
+    assert "no newline and is not JSON" in result.stderr and "again" in result.stderr
+    with archive.open("a") as writer:
+        writer.write('xt": "a late document about something new entirely"}\n')
+    again = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+    assert _jsonl(again.stdout)[-1]["summary"]["held_back_bytes"] == 0
+    assert _jsonl((tmp_path / "k.jsonl").read_text())[-1]["id"] == "late"
+    assert again.stderr == ""
 
 
 def test_dedup_table_points_to_json_for_more_failures(runner: CliRunner, tmp_path: Path) -> None:
@@ -787,7 +809,7 @@ def test_dedup_table_points_to_json_for_more_failures(runner: CliRunner, tmp_pat
     result = _run(runner, *_dedup_args(archive, tmp_path))
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert lines[0] == "kept 0, dropped 0, already_stored 0, failed 12"
+    assert lines[0] == "kept 0, dropped 0, already_stored 0, failed 12, held_back_bytes 0"
     assert len(lines) == 12 and lines[-1] == "  ... 2 more failures (see --json)"
     assert "None" not in result.output and "--report" not in result.output
 

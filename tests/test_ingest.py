@@ -505,8 +505,11 @@ def test_dedup_leaves_a_last_line_cut_short_for_the_next_run(
     with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
         first = _dedup(store, archive, out, batch_size=16)
         assert first.kept + first.dropped + len(first.failed) == 42  # 41 records, 1 bad
+        unfinished = text[text.rindex("\n", 0, cut) + 1 : cut].encode()
+        assert first.held_back_bytes == len(unfinished) > 0  # reported, not silently left
         archive.write_text(text)  # the writer finishes its line and goes on
         report = _dedup(store, archive, out, batch_size=16)
+    assert expected.held_back_bytes == report.held_back_bytes == 0
     assert (report.kept, report.dropped) == (expected.kept, expected.dropped)
     assert [(f.line, f.reason) for f in report.failed] == [
         (f.line, f.reason) for f in expected.failed
