@@ -182,6 +182,7 @@ class Store:
         self._readers_done = threading.Condition(self._readers_lock)
         self._active_readers = 0
         self._growth_waiting = 0  # threads waiting in _resize: only they need a notify
+        self._parked_reads = 0  # transactions held by the threads waiting in _resize
         self._thread_state = threading.local()
         self.map_epoch = 0
         self.params: StoreParams
@@ -600,20 +601,36 @@ class Store:
         changes, so growth waits for read transactions of other threads to finish. A read
         transaction of the calling thread itself cannot be waited for: it is marked stale
         and its next use raises :class:`StoreClosedError` instead of a raw LMDB error.
+        Nor can those of another thread waiting here too (one that read, then wrote, and
+        needs a growth as well): each would wait for the other's reads until one gave up.
+        Their transactions are parked, unused while they wait (py-lmdb's read
+        transactions are not tied to a thread), and end the same way; a growth that finds
+        the map grown enough by another meanwhile leaves it.
         """
         env = self._require_env()
         with self._readers_done:
             own = getattr(self._thread_state, "readers", 0)
+            epoch = self.map_epoch
             self._growth_waiting += 1
+            self._parked_reads += own
+            self._readers_done.notify_all()  # a growth waiting for these reads can go on
             try:
                 if not self._readers_done.wait_for(
-                    lambda: self._active_readers <= own, timeout=RESIZE_WAIT_S
+                    lambda: self._active_readers <= self._parked_reads, timeout=RESIZE_WAIT_S
                 ):
-                    raise StoreBusyError(str(self.path), "grow the map while reads are running")
-                env.set_mapsize(size)
-                self.map_epoch += 1
+                    raise StoreBusyError(
+                        str(self.path),
+                        "grow the map",
+                        f"while other threads keep read transactions open (waited "
+                        f"{RESIZE_WAIT_S:.0f} s); keep reads short, or open the store with a "
+                        "larger map_size",
+                    )
+                if not (size and self.map_epoch != epoch and self._map_size() >= size):
+                    env.set_mapsize(size)
+                    self.map_epoch += 1
             finally:
                 self._growth_waiting -= 1
+                self._parked_reads -= own
                 self._readers_done.notify_all()  # the reads held back for the growth
         _faults.checkpoint("after-grow")
 
@@ -772,15 +789,16 @@ class Store:
         return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
 
     def _ensure_headroom(self) -> None:
-        env = self._require_env()
-        size = int(env.info()["map_size"])
+        size = self._map_size()
         if self._used_bytes() > (1 - MIN_FREE_FRACTION) * size:
             self._resize(2 * size)
 
     def _grow_and_begin_write(self) -> lmdb.Transaction:
-        env = self._require_env()
-        self._resize(max(2 * int(env.info()["map_size"]), 2 * self._used_bytes()))
+        self._resize(max(2 * self._map_size(), 2 * self._used_bytes()))
         return self._begin(write=True)
+
+    def _map_size(self) -> int:
+        return int(self._require_env().info()["map_size"])
 
     def _seal_meta(self, txn: lmdb.Transaction, meta_db: Any = None) -> None:
         """Record :func:`codec.meta_checksum` after a sealed ``meta`` entry was written."""
@@ -797,7 +815,7 @@ class Store:
         txn.put(b"commit_counter", codec.pack_meta(counter), db=self._meta_db)
         if writer._next_id is not None:
             txn.put(b"next_doc_id", codec.pack_meta(writer._next_id), db=self._meta_db)
-        size = int(self._require_env().info()["map_size"])
+        size = self._map_size()
         if self._read_meta(txn, "map_size") < size:
             txn.put(b"map_size", codec.pack_meta(size), db=self._meta_db)
 

@@ -461,6 +461,45 @@ def test_a_growth_is_not_starved_by_threads_that_keep_reading(
         assert store._active_readers == 0
 
 
+def test_two_threads_that_each_read_then_write_past_the_map_both_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that reads, then writes in the read's block and needs a growth, waited for
+    the other writer's growth to end its read and the other for it, until one gave up
+    after RESIZE_WAIT_S with StoreBusyError (and a message about other processes)."""
+    monkeypatch.setattr(store_module, "RESIZE_WAIT_S", 30.0)
+    with Store.open(tmp_path / "s", create=True, map_size=256 * KiB) as store:
+        store.add("a", "a first document to read")
+        reading, writing, outcome = threading.Event(), threading.Event(), {}
+
+        def read_then_write() -> None:
+            try:
+                with store.read() as snapshot:
+                    assert snapshot.get("a").key == "a"
+                    reading.set()
+                    writing.wait()
+                    time.sleep(0.2)  # the other block is writing past the map meanwhile
+                    store.add("from-reader", "a document the reading thread adds")
+                outcome["reader"] = "committed"
+            except Exception as err:  # reported by the main thread
+                outcome["reader"] = err
+
+        thread = threading.Thread(target=read_then_write)
+        thread.start()
+        reading.wait()
+        started = time.monotonic()
+        with store.write() as writer:
+            writing.set()
+            writer.add_many(
+                (f"k{i}", t, {"p": b"x" * 2048}) for i, t in enumerate(random_texts(400))
+            )
+        thread.join()
+        assert time.monotonic() - started < 15  # not a wait for one side to give up
+        assert outcome == {"reader": "committed"}
+        assert len(store) == 402 and store.get("from-reader").key == "from-reader"
+        assert store._active_readers == store._parked_reads == 0
+
+
 def test_an_interrupt_as_a_read_begins_leaves_no_reader_counted(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
