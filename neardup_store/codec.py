@@ -89,10 +89,14 @@ values are little-endian.
     entry (``tools/README.md``, "Where the time goes"). Stores of formats 1 to 4 have no
     such table: a removal there deletes its band entries in its own transaction.
 
-Export stream (:func:`export_header`, :func:`export_record`): a sequence of msgpack
-objects. First a header map ``{"format": "neardup_store-export", "version": 1, "config":
-…, "banding": …, "package_version": …}``, then one array per document ``[key, signature
-bytes (uint32 LE), metadata or nil]`` where key is a msgpack str or bin exactly as stored.
+Export stream (:func:`export_header`, :func:`export_record`, :func:`export_trailer`): a
+sequence of msgpack objects. First a header map ``{"format": "neardup_store-export",
+"version": 2, "config": …, "banding": …, "package_version": …}``, then one array per
+document ``[key, signature bytes (uint32 LE), metadata or nil]`` where key is a msgpack str
+or bin exactly as stored, then the trailer map ``{"end": "neardup_store-export",
+"documents": n}`` and nothing after it. Records are written whole, so an export cut short
+(failed, interrupted) still decodes: the missing trailer is how a reader tells. Version 1
+streams have no trailer and are read as they are.
 
 Nothing is ever unpickled: msgpack is decoded with ``raw=False``, ``strict_map_key=True``
 and no hooks (an extension type decodes to an inert ``ExtType`` value), so reading a file
@@ -124,7 +128,9 @@ READABLE_FORMATS = (1, 2, 3, 4, 5)
 LAZY_REMOVAL_FORMAT = 5  # the first format with a ``removed`` table
 RECORD_VERSION = 1
 EXPORT_FORMAT = "neardup_store-export"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
+READABLE_EXPORT_VERSIONS = (1, 2)
+"""Export versions this release imports (version 1 has no trailer)."""
 
 META_DB = b"meta"
 DOCS_DB = b"docs"
@@ -584,6 +590,11 @@ def export_record(record: DocumentRecord) -> bytes:
         ],
         use_bin_type=True,
     )
+
+
+def export_trailer(documents: int) -> bytes:
+    """The last object of an export stream: its end, and how many records came before."""
+    return msgpack.packb({"end": EXPORT_FORMAT, "documents": documents}, use_bin_type=True)
 
 
 STREAM_MAX_OBJECT_BYTES = 1 << 20

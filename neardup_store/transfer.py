@@ -64,6 +64,7 @@ def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | No
                 count += 1
                 if progress is not None and count % PROGRESS_EVERY == 0:
                     progress(count)
+    stream.write(codec.export_trailer(count))
     if progress is not None:
         progress(count)
     return count
@@ -99,6 +100,7 @@ class _ExportReader:
         self._source = _Counting(stream)
         self._unpacker = codec.stream_unpacker(self._source)
         self._position = 0  # objects read so far
+        self._version = codec.EXPORT_VERSION
 
     def _next(self) -> Any:
         try:
@@ -129,24 +131,51 @@ class _ExportReader:
             raise InvalidStreamError("the stream is empty") from None
         if not isinstance(header, dict) or header.get("format") != codec.EXPORT_FORMAT:
             raise InvalidStreamError("it is not a neardup_store export (no export header)")
-        if header.get("version") != codec.EXPORT_VERSION:
+        if header.get("version") not in codec.READABLE_EXPORT_VERSIONS:
+            readable = ", ".join(map(str, codec.READABLE_EXPORT_VERSIONS))
             raise InvalidStreamError(
-                f"export version {header.get('version')!r}; this release reads version "
-                f"{codec.EXPORT_VERSION}: import with the release that wrote it"
+                f"export version {header.get('version')!r}; this release reads versions "
+                f"{readable}: import with the release that wrote it"
             )
+        self._version = header["version"]
         for name in ("config", "banding"):
             if not isinstance(header.get(name), dict):
                 raise InvalidStreamError(f"the header's {name!r} is not a map")
         return header
 
     def records(self, num_perm: int) -> Iterator[_Record]:
+        """The records, checked; the trailer (from version 2) must end the stream."""
         while True:
             number = self._position
             try:
                 item = self._next()
             except StopIteration:
+                if self._version == 1:
+                    return
+                raise InvalidStreamError(
+                    f"the stream ends after record #{number - 1} without the export's end "
+                    "marker: the export was cut short (it failed or was interrupted); "
+                    "export again"
+                ) from None
+            if isinstance(item, dict) and self._version > 1:
+                self._check_trailer(item, number)
                 return
             yield _check_record(item, number, num_perm)
+
+    def _check_trailer(self, trailer: dict[Any, Any], number: int) -> None:
+        """The end marker counts the records before it, and nothing follows it."""
+        if trailer.get("end") != codec.EXPORT_FORMAT:
+            raise InvalidStreamError(f"object #{number} is neither a record nor the end marker")
+        if trailer.get("documents") != number - 1:
+            raise InvalidStreamError(
+                f"the end marker counts {trailer.get('documents')!r} records, the stream "
+                f"holds {number - 1} (records lost or added?)"
+            )
+        try:
+            self._next()
+        except StopIteration:
+            return
+        raise InvalidStreamError(f"object #{number + 1} follows the export's end marker")
 
 
 def _check_record(item: object, number: int, num_perm: int) -> _Record:

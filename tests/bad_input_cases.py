@@ -143,9 +143,11 @@ def export_bytes_cached() -> bytes:
     return _EXPORT[0]
 
 
-def crafted_stream(*records: bytes) -> Callable[[], bytes]:
-    """A valid export header (``new-*`` keys free in the standard store) then ``records``."""
-    return lambda: _header() + b"".join(records)
+def crafted_stream(*records: bytes, trailer: bytes | None = None) -> Callable[[], bytes]:
+    """A valid export header (``new-*`` keys free in the standard store), ``records``, then
+    the end marker counting them (or ``trailer``)."""
+    end = codec.export_trailer(len(records)) if trailer is None else trailer
+    return lambda: _header() + b"".join(records) + end
 
 
 def _record(key: Any, signature: Any, metadata: Any = None) -> bytes:
@@ -193,6 +195,18 @@ STREAMS: dict[str, tuple[Callable[[], bytes], str]] = {
     "metadata nested 100000 deep": (
         crafted_stream(b"\x93\xa5new-1" + msgpack.packb(GOOD_SIG_BYTES) + b"\x91" * 100_000),
         "not valid msgpack",
+    ),
+    "cut short between records (no end marker)": (
+        crafted_stream(_record("new-1", GOOD_SIG_BYTES), trailer=b""),
+        "without the export's end marker",
+    ),
+    "end marker counting other records": (
+        crafted_stream(_record("new-1", GOOD_SIG_BYTES), trailer=codec.export_trailer(2)),
+        "counts 2 records, the stream holds 1",
+    ),
+    "an object after the end marker": (
+        crafted_stream(trailer=codec.export_trailer(0) + _record("new-1", GOOD_SIG_BYTES)),
+        "follows the export's end marker",
     ),
     "truncated after a good record": (
         lambda: crafted_stream(_record("new-1", GOOD_SIG_BYTES))()[:-3],

@@ -71,7 +71,8 @@ def test_format_constants() -> None:
     assert codec.READABLE_FORMATS == (1, 2, 3, 4, 5)
     assert codec.REMOVED_DB == b"removed" and codec.LAZY_REMOVAL_FORMAT == 5
     assert codec.RECORD_VERSION == 1
-    assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 1
+    assert codec.EXPORT_FORMAT == "neardup_store-export" and codec.EXPORT_VERSION == 2
+    assert codec.READABLE_EXPORT_VERSIONS == (1, 2)
     assert (codec.META_DB, codec.DOCS_DB, codec.KEYS_DB) == (b"meta", b"docs", b"keys")
     assert codec.MAX_KEY_BYTES == 16 * 1024 and codec.INLINE_KEY_BYTES == 400
     assert codec.MAX_METADATA_BYTES == 64 * 1024
@@ -365,7 +366,7 @@ def test_meta_values() -> None:
 EXPORT_HEADER = bytes.fromhex(
     "85"  # a map of 5
     "a6666f726d6174" "b46e6561726475705f73746f72652d6578706f7274"  # format
-    "a776657273696f6e" "01"  # version: 1
+    "a776657273696f6e" "02"  # version: 2
     "a6636f6e666967" "81" "a86e756d5f7065726d" "04"  # config: {"num_perm": 4}
     "a762616e64696e67" "82" "a562616e6473" "02" "a4726f7773" "02"  # banding
     "af7061636b6167655f76657273696f6e" "a5302e312e30"  # package_version: "0.1.0"
@@ -384,19 +385,28 @@ EXPORT_RECORD_2 = bytes.fromhex(
 )  # fmt: skip
 
 
-def test_export_header_and_records() -> None:
+EXPORT_TRAILER_2 = bytes.fromhex(
+    "82"  # a map of 2
+    "a3656e64" "b46e6561726475705f73746f72652d6578706f7274"  # end: "neardup_store-export"
+    "a9646f63756d656e7473" "02"  # documents: 2
+)  # fmt: skip
+
+
+def test_export_header_records_and_trailer() -> None:
     header = codec.export_header({"num_perm": 4}, {"bands": 2, "rows": 2}, "0.1.0")
     assert header == EXPORT_HEADER
     assert codec.export_record(codec.decode_record(RECORD_1)) == EXPORT_RECORD_1
     assert codec.export_record(codec.decode_record(RECORD_2)) == EXPORT_RECORD_2
+    assert codec.export_trailer(2) == EXPORT_TRAILER_2
 
 
 def test_export_stream_reads_back() -> None:
-    stream = io.BytesIO(EXPORT_HEADER + EXPORT_RECORD_1 + EXPORT_RECORD_2)
+    stream = io.BytesIO(EXPORT_HEADER + EXPORT_RECORD_1 + EXPORT_RECORD_2 + EXPORT_TRAILER_2)
     objects = list(codec.stream_unpacker(stream))
+    assert objects[3] == {"end": "neardup_store-export", "documents": 2}
     assert objects[0] == {
         "format": "neardup_store-export",
-        "version": 1,
+        "version": 2,
         "config": {"num_perm": 4},
         "banding": {"bands": 2, "rows": 2},
         "package_version": "0.1.0",

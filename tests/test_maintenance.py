@@ -908,9 +908,16 @@ def test_bad_streams_raise_and_import_nothing(store: Store, tmp_path: Path, name
         assert len(target) == 0 and target.stats().commit_counter == 0
 
 
+def _with_record_added(export: bytes, documents: int, record: bytes) -> bytes:
+    """An export of ``documents`` records with ``record`` added last (before the end
+    marker, which then counts it)."""
+    body = export[: -len(codec.export_trailer(documents))]
+    return body + record + codec.export_trailer(documents + 1)
+
+
 def test_a_bad_record_keeps_earlier_batches_and_drops_its_own(store: Store, tmp_path: Path) -> None:
     good = _export(store)
-    stream = good + _record("bad", b"\x00" * 3)
+    stream = _with_record_added(good, len(store), _record("bad", b"\x00" * 3))
     with Store.open(tmp_path / "target", create=True, threshold=THRESHOLD) as target:
         with pytest.raises(InvalidStreamError, match="record #302") as caught:
             target.import_(io.BytesIO(stream), batch_size=100)
@@ -922,10 +929,31 @@ def test_a_bad_record_keeps_earlier_batches_and_drops_its_own(store: Store, tmp_
         assert _contents(target) == _contents(store)
 
 
+def test_an_export_cut_short_between_records_is_refused_and_version_1_still_imports(
+    store: Store, tmp_path: Path
+) -> None:
+    """Records are written whole, so an export that failed or was interrupted between two
+    of them decoded as a complete, shorter export and imported without a word; version 2
+    ends with a marker counting the records. Version 1 streams (no marker) still import."""
+    good = _export(store)
+    unpacker = msgpack.Unpacker(io.BytesIO(good), raw=False)
+    ends = [unpacker.tell() for _ in unpacker]  # after the header, each record, the marker
+    assert len(ends) == len(store) + 2
+    with Store.open(tmp_path / "target", create=True, threshold=THRESHOLD) as target:
+        with pytest.raises(InvalidStreamError, match="cut short") as caught:
+            target.import_(io.BytesIO(good[: ends[150]]), batch_size=100)
+        assert len(target) == caught.value.committed == 100  # type: ignore[attr-defined]
+    header = msgpack.unpackb(good[: ends[0]])
+    old = msgpack.packb({**header, "version": 1}, use_bin_type=True) + good[ends[0] : ends[-2]]
+    with Store.open(tmp_path / "old", create=True, threshold=THRESHOLD) as target:
+        assert target.import_(io.BytesIO(old)) == len(store)
+        assert _contents(target) == _contents(store)
+
+
 def test_a_failed_create_from_export_deletes_its_store_and_says_nothing_is_left(
     store: Store, tmp_path: Path
 ) -> None:
-    stream = _export(store) + _record("bad", b"\x00" * 3)
+    stream = _with_record_added(_export(store), len(store), _record("bad", b"\x00" * 3))
     with pytest.raises(InvalidStreamError, match="record #302") as caught:
         Store.create_from_export(tmp_path / "copy", io.BytesIO(stream), batch_size=100)
     assert not (tmp_path / "copy").exists()
