@@ -702,6 +702,7 @@ def dedup(
         "threshold": threshold,
     }
     sidecar = progress_path(keep_path)
+    _refuse_clashing_paths(paths, sidecar.resolve(), Path(store.path).resolve())
     state = _load_state(sidecar, job)
     if state is None:
         at, resumed_from, done = _Position(), None, False
@@ -751,6 +752,25 @@ def dedup(
     except KeyboardInterrupt as err:
         raise Interrupted(report()) from err
     return report()
+
+
+def _refuse_clashing_paths(paths: list[Path], sidecar: Path, store_dir: Path) -> None:
+    """Refuse an output that is the input, another output, the progress file or a file in
+    the store's directory: a fresh start empties the outputs, which would destroy it."""
+    named = list(zip(("input", "keep", "dropped", "progress file"), [*paths, sidecar], strict=True))
+    for i, (first, first_path) in enumerate(named):
+        for second, second_path in named[i + 1 :]:
+            if first_path == second_path or (
+                first_path.exists() and second_path.exists() and first_path.samefile(second_path)
+            ):
+                raise InvalidParameterError(
+                    second.replace(" ", "_"), str(second_path), f"a file other than the {first}"
+                )
+    for name, path in named[1:]:
+        if path.is_relative_to(store_dir):
+            raise InvalidParameterError(
+                name.replace(" ", "_"), str(path), "a path outside the store's directory"
+            )
 
 
 def _read_lines(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -296,6 +297,41 @@ def test_interrupt_inside_a_batch_commits_nothing_of_it(store: Store) -> None:
 
 def _dedup(store: Store, archive: Path, out: Path, **options: Any) -> Any:
     return dedup(store, archive, out / "keep.jsonl", out / "dropped.jsonl", **options)
+
+
+@pytest.mark.parametrize(
+    "clash",
+    [
+        "keep is the input",
+        "dropped is keep",
+        "hard link",
+        "dropped is the progress file",
+        "keep in the store",
+    ],
+)
+def test_dedup_refuses_outputs_that_would_destroy_a_file_it_needs(
+    store: Store, archive: Path, clash: str
+) -> None:
+    """A fresh start empties its outputs: naming the input as one emptied the archive and
+    reported a clean empty run (a review's finding). Nothing is touched now."""
+    out = archive.parent
+    keep, dropped = out / "keep.jsonl", out / "dropped.jsonl"
+    if clash == "keep is the input":
+        keep = archive
+    elif clash == "dropped is keep":
+        dropped = keep
+    elif clash == "hard link":
+        os.link(archive, out / "linked.jsonl")
+        dropped = out / "linked.jsonl"
+    elif clash == "dropped is the progress file":
+        dropped = progress_path(keep)
+    else:
+        keep = Path(store.path) / "data.mdb"
+    before = {p: p.read_bytes() for p in [archive, Path(store.path) / "data.mdb"]}
+    with pytest.raises(InvalidParameterError, match=r"a file other than|outside the store"):
+        dedup(store, archive, keep, dropped)
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (out / "keep.jsonl").exists() or clash == "keep in the store"
 
 
 def test_dedup_keeps_first_of_each_planted_group(store: Store, archive: Path) -> None:
