@@ -1090,10 +1090,13 @@ def rebuild(
 
 @cli.command()
 @click.argument("path", type=STORE)
-@click.argument("out", type=click.File("wb"))
+@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True))
 @_json_option
-def export(path: str, out: IO[bytes], as_json: bool) -> None:
+def export(path: str, out: str, as_json: bool) -> None:
     """Write the store's documents as a portable export stream ('-' for stdout).
+
+    A file appears whole or not at all. The stream ends with a marker that import checks,
+    so an export cut short (on stdout too) is refused, not imported in part.
 
     \b
     Example:
@@ -1104,17 +1107,16 @@ def export(path: str, out: IO[bytes], as_json: bool) -> None:
         open_store(path, readonly=True) as store,
         _doc_progress("Exporting", len(store)) as progress,
     ):
-        count = store.export(out, progress)
-    out.flush()
+        if out == "-":
+            count = store.export(sys.stdout.buffer, progress)
+            sys.stdout.buffer.flush()
+        else:
+            count = store.export_file(out, progress)
     message = {"exported": count}
     if as_json:  # stdout may be the export itself: the summary goes to stderr then
-        click.echo(json.dumps(message), err=_is_stdout(out))
+        click.echo(json.dumps(message), err=out == "-")
     elif not _quiet():
         click.echo(f"Exported {count} documents.", err=True)
-
-
-def _is_stdout(stream: IO[bytes]) -> bool:
-    return getattr(stream, "name", None) in ("<stdout>", "-") or stream is sys.stdout.buffer
 
 
 def _quiet() -> bool:

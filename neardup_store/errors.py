@@ -260,6 +260,18 @@ class StoreIOError(NeardupError, OSError):
         self.path, self.detail = path, detail
 
 
+class OutputWriteError(NeardupError, OSError):
+    """A file this package writes for the caller (an export) could not be written whole;
+    nothing of it was left at its path."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"{path}: cannot write it ({detail}); nothing was left there: check the path "
+            "and the free space, then retry"
+        )
+        self.path, self.detail = path, detail
+
+
 class StoreBusyError(NeardupError, RuntimeError):
     """An exclusive operation (such as compact) found other processes using the store."""
 

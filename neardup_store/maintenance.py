@@ -53,7 +53,7 @@ from .integrity import (
     check,
 )
 from .lsh import LSHParams, choose_params
-from .transfer import create_from_export, export, import_
+from .transfer import create_from_export, export, export_file, import_
 
 if TYPE_CHECKING:
     from .params import StoreParams
@@ -78,6 +78,7 @@ __all__ = [
     "compact",
     "create_from_export",
     "export",
+    "export_file",
     "import_",
     "pairs",
     "rebuild",

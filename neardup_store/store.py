@@ -1148,6 +1148,14 @@ class Store:
 
         return maintenance.export(self, stream, progress)
 
+    def export_file(
+        self, path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
+    ) -> int:
+        """See :func:`maintenance.export_file`."""
+        from . import maintenance
+
+        return maintenance.export_file(self, path, progress)
+
     def import_(self, stream: IO[bytes], **options: Any) -> int:
         """See :func:`maintenance.import_`."""
         from . import maintenance

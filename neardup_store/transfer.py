@@ -25,7 +25,13 @@ import numpy.typing as npt
 
 from . import codec
 from ._version import __version__
-from .errors import InvalidParameterError, InvalidStreamError, NeardupError, check_flags
+from .errors import (
+    InvalidParameterError,
+    InvalidStreamError,
+    NeardupError,
+    OutputWriteError,
+    check_flags,
+)
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
@@ -67,6 +73,39 @@ def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | No
     stream.write(codec.export_trailer(count))
     if progress is not None:
         progress(count)
+    return count
+
+
+def export_file(
+    store: Store, path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
+) -> int:
+    """:func:`export` into a file, which appears whole or not at all: the stream goes to a
+    temporary file beside ``path``, synced and renamed over it once complete, and is deleted
+    if the export fails or is interrupted.
+
+    Raises:
+        InvalidParameterError: ``path`` lies inside the store's directory (writing there
+            could destroy the store), or is a directory.
+        OutputWriteError: the file could not be written (a full disk, say).
+    """
+    target = Path(path)
+    if target.resolve().is_relative_to(store.path.resolve()):
+        raise InvalidParameterError("path", str(target), "a file outside the store's directory")
+    if target.is_dir():
+        raise InvalidParameterError("path", str(target), "a file, not a directory")
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        with partial.open("wb") as out:
+            count = export(store, out, progress)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, target)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise OutputWriteError(str(target), err.strerror or str(err)) from err
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return count
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -524,15 +526,41 @@ def test_export_to_stdout_and_import_both_ways(
     assert garbage.exit_code == 2 and garbage.output.startswith("Error: ")
 
 
+def test_export_into_the_store_is_refused_and_a_failed_export_leaves_no_file(
+    store_path: Path, tmp_path: Path
+) -> None:
+    """OUT inside the store (a slip such as ``export S S/data.mdb``) emptied data.mdb and
+    killed the process with SIGBUS; an export stopped by a full disk left a shorter file
+    that imported as complete, and failed with two tracebacks (a review's findings)."""
+    data = (store_path / "data.mdb").read_bytes()
+    command = [sys.executable, "-m", "neardup_store", "export", str(store_path)]
+    into = subprocess.run([*command, str(store_path / "data.mdb")], capture_output=True, text=True)
+    assert into.returncode == 2 and "outside the store's directory" in into.stderr
+    assert (store_path / "data.mdb").read_bytes() == data
+
+    def small_files() -> None:  # a full disk, as a file-size limit
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    out = tmp_path / "exports" / "out.export"
+    out.parent.mkdir()
+    full = subprocess.run(
+        [*command, str(out)], capture_output=True, text=True, preexec_fn=small_files
+    )
+    assert full.returncode == 2 and full.stderr.count("Traceback") == 0
+    assert full.stderr.startswith(f"Error: {out}: cannot write it (File too large)")
+    assert list(out.parent.iterdir()) == []  # neither the export nor its partial file
+
+
 def test_export_to_an_unwritable_path_is_an_input_error(
     runner: CliRunner, store_path: Path, tmp_path: Path
 ) -> None:
-    """An output Click cannot open is an input error (exit 2), not a finding (1)."""
+    """An output that cannot be written is an input error (exit 2), not a finding (1)."""
     out = tmp_path / "missing" / "dir" / "out.export"
     result = _run(runner, "export", store_path, out)
     assert result.exit_code == 2
-    assert result.output == (
-        f"Error: Could not open file {str(out)!r}: No such file or directory\n"
+    assert result.output.startswith(
+        f"Error: {out}: cannot write it (No such file or directory); nothing was left there"
     )
     assert not out.parent.exists()
     unreadable = _run(runner, "import", tmp_path / "missing.export", tmp_path / "new.ndx")

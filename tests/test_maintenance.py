@@ -929,6 +929,25 @@ def test_a_bad_record_keeps_earlier_batches_and_drops_its_own(store: Store, tmp_
         assert _contents(target) == _contents(store)
 
 
+def test_export_file_appears_whole_or_not_at_all(store: Store, tmp_path: Path) -> None:
+    out = tmp_path / "exports" / "corpus.export"
+    out.parent.mkdir()
+    assert store.export_file(out) == len(store)
+    assert out.read_bytes() == _export(store)
+
+    def interrupt(done: int) -> None:
+        raise KeyboardInterrupt
+
+    other = out.with_name("other.export")
+    with pytest.raises(KeyboardInterrupt):
+        store.export_file(other, progress=interrupt)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["corpus.export"]
+    with pytest.raises(InvalidParameterError, match="outside the store"):
+        store.export_file(store.path / "data.mdb")
+    with pytest.raises(InvalidParameterError, match="not a directory"):
+        store.export_file(out.parent)
+
+
 def test_an_export_cut_short_between_records_is_refused_and_version_1_still_imports(
     store: Store, tmp_path: Path
 ) -> None:
