@@ -45,8 +45,11 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except NeardupError as err:
-            raise InputError(_cli_wording(str(err))) from err
+        except NeardupError as err:  # with its notes (what earlier batches committed)
+            raise InputError(_cli_wording(_with_notes(err))) from err
+        except KeyboardInterrupt as err:  # add and dedup report their own
+            click.echo(_cli_wording(_with_notes(err, "interrupted")), err=True)
+            raise click.exceptions.Exit(130) from err
         except click.FileError as err:
             # A file argument that cannot be opened (an output in a missing directory, an
             # unreadable input) is an input error: Click's own exit code for it is 1.
@@ -56,6 +59,11 @@ class _Group(click.Group):
             if err.filename is None:
                 raise  # not about a path the user named: a real failure, with its traceback
             raise InputError(f"{err.filename}: {err.strerror or err}") from err
+
+
+def _with_notes(err: BaseException, lead: str = "") -> str:
+    """``err``'s message (or ``lead``) and its notes, one line each."""
+    return "\n".join(filter(None, [lead or str(err), *getattr(err, "__notes__", [])]))
 
 
 # Library messages name Python arguments; on the command line the same advice is a flag.

@@ -1333,10 +1333,11 @@ def check_batch_size(
 def _placed(start: int, committed: int | None = None) -> Iterator[None]:
     """Around a batch that begins at item ``start`` of its call: an error about one of its
     documents counts ``index`` from the call's first item, and (given ``committed``, the
-    items that earlier batches committed) the error carries it as ``committed``."""
+    items that earlier batches committed) the error, or a Ctrl-C, carries it as
+    ``committed``."""
     try:
         yield
-    except NeardupError as error:
+    except (NeardupError, KeyboardInterrupt) as error:
         if isinstance(error, DocumentError) and error.index is not None:
             error.index += start
         if committed is not None:

@@ -120,14 +120,19 @@ def _check_binary(stream: object, mode: str) -> None:
 
 
 class _Counting:
-    """A read-only stream wrapper counting the bytes handed to the unpacker."""
+    """A read-only stream wrapper counting the bytes handed to the unpacker.
+
+    It reads what a buffered stream has (``read1``) rather than waiting for a whole chunk:
+    from a pipe fed slowly, each record is imported once it has arrived, not once the
+    next 16 KiB have.
+    """
 
     def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
+        self._read = getattr(stream, "read1", stream.read)
         self.consumed = 0
 
     def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
+        data = self._read(size)
         self.consumed += len(data)
         return data
 

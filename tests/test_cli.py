@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import resource
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 from concurrency_scenarios import commit_counter
@@ -919,6 +923,46 @@ def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -
         assert len(opened) == 1000  # whole batches only
         assert list(opened)[-1] == "d000999"
         assert opened.check().ok
+
+
+def test_ctrl_c_during_import_exits_130_and_says_what_was_committed(tmp_path: Path) -> None:
+    """Only add and dedup turned a Ctrl-C into 130; every other command exited 1 (the
+    code for findings) with Click's "Aborted!", and an import into an existing store kept
+    its committed batches without a word (a review's finding)."""
+    source, target = tmp_path / "source.ndx", tmp_path / "target.ndx"
+    rng = np.random.default_rng(3)
+    with Store.open(source, create=True, num_perm=32) as store:
+        sigs = rng.integers(0, 2**32, size=(10_300, 32), dtype=np.uint32)
+        store.add_signatures([(f"d{i:05d}", sig) for i, sig in enumerate(sigs)])
+        stream = io.BytesIO()
+        store.export(stream)
+    Store.open(target, create=True, num_perm=32).close()
+    unpacker = msgpack.Unpacker(io.BytesIO(stream.getvalue()), raw=False)
+    ends = [unpacker.tell() for _ in unpacker]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neardup_store", "import", "-", str(target)],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert process.stdin is not None
+    process.stdin.write(stream.getvalue()[: ends[10_100]])  # one batch of 10000 and some
+    process.stdin.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        with Store.open(target, read_only=True) as opened:
+            if len(opened) >= 10_000:
+                break
+    time.sleep(0.2)  # it reads the rest and waits for more
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.decode().splitlines()[-2:] == [
+        "interrupted",
+        "earlier batches committed the first 10000 items; resume from item #10000",
+    ]
+    with Store.open(target) as opened:
+        assert len(opened) == 10_000 and opened.check().ok
 
 
 def test_every_store_command_through_a_real_subprocess(
