@@ -925,6 +925,33 @@ def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -
         assert opened.check().ok
 
 
+def test_a_failed_import_says_what_earlier_batches_committed(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library's error carries a note on the batches already committed; the command
+    printed only the error, so the user took the import for one that changed nothing."""
+    from neardup_store import store as store_module
+
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 100)
+    rng = np.random.default_rng(4)
+    with Store.open(tmp_path / "source.ndx", create=True, num_perm=32) as source:
+        sigs = rng.integers(0, 2**32, size=(250, 32), dtype=np.uint32)
+        source.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+        stream = io.BytesIO()
+        source.export(stream)
+    bad = msgpack.packb(["bad", b"\x00" * 3, None], use_bin_type=True)
+    data = stream.getvalue()[: -len(codec.export_trailer(250))] + bad + codec.export_trailer(251)
+    target = tmp_path / "target.ndx"
+    Store.open(target, create=True, num_perm=32).close()
+    result = _run(runner, "import", "-", target, input=data)
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "earlier batches committed the first 200 items; resume from item #200"
+    )
+    with Store.open(target) as opened:
+        assert len(opened) == 200
+
+
 def test_ctrl_c_during_import_exits_130_and_says_what_was_committed(tmp_path: Path) -> None:
     """Only add and dedup turned a Ctrl-C into 130; every other command exited 1 (the
     code for findings) with Click's "Aborted!", and an import into an existing store kept
