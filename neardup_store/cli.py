@@ -29,7 +29,7 @@ from .errors import EmptyDocumentError, NeardupError, NotAStoreError, StoreNotFo
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
-from .params import StoreParams, resolve_params
+from .params import StoreParams, resolve_params, valid_threshold
 from .store import UNFINISHED_CREATION, Store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding
 from .txn import Match
@@ -628,12 +628,16 @@ def dedup(
         neardup-admin dedup archive.jsonl --store ./corpus.ndx \\
             --keep kept.jsonl --dropped dropped.jsonl
     """
+    # Everything checked before a store is created: a refused job must leave nothing.
+    if threshold is not None:
+        valid_threshold(threshold)
+    ingest.check_dedup_paths(input_path, keep, dropped, store_path)
     exists = (Path(store_path) / "data.mdb").exists()
     _note(f"{'opening' if exists else 'creating'} {store_path}")
     store = (
         Store.open(store_path)
         if exists
-        else Store.open(store_path, create=True, threshold=threshold or 0.8)
+        else Store.open(store_path, create=True, threshold=0.8 if threshold is None else threshold)
     )
     ticker = _BatchTicker("dedup", Path(input_path).stat().st_size)
     with store:

@@ -691,7 +691,7 @@ def dedup(
     check_batch_size(batch_size, allow_auto=False)
     if threshold is not None:
         threshold = store._check_threshold(threshold)
-    paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]
+    paths = check_dedup_paths(input_jsonl_path, keep_path, dropped_path, store.path)
     job = {
         "input": str(paths[0]),
         "keep": str(paths[1]),
@@ -702,7 +702,6 @@ def dedup(
         "threshold": threshold,
     }
     sidecar = progress_path(keep_path)
-    _refuse_clashing_paths(paths, sidecar.resolve(), Path(store.path).resolve())
     state = _load_state(sidecar, job)
     if state is None:
         at, resumed_from, done = _Position(), None, False
@@ -752,6 +751,35 @@ def dedup(
     except KeyboardInterrupt as err:
         raise Interrupted(report()) from err
     return report()
+
+
+def check_dedup_paths(
+    input_jsonl_path: str | os.PathLike[str],
+    keep_path: str | os.PathLike[str],
+    dropped_path: str | os.PathLike[str],
+    store_path: str | os.PathLike[str],
+) -> list[Path]:
+    """The resolved paths of a :func:`dedup` job (input, keep, dropped), checked before
+    anything is opened or created, so that a refused job changes nothing.
+
+    Raises:
+        InvalidParameterError: the input is not a regular file (a resume seeks in it), an
+            output's directory does not exist, or an output would destroy a file the job
+            needs (:func:`_refuse_clashing_paths`).
+    """
+    paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]
+    if not paths[0].is_file():
+        raise InvalidParameterError(
+            "input",
+            str(input_jsonl_path),
+            "a regular file (a resumed job seeks in it; save a stream to a file first)",
+        )
+    for name, path in zip(("keep", "dropped"), paths[1:], strict=True):
+        if not path.parent.is_dir():
+            raise InvalidParameterError(name, str(path), "a file in an existing directory")
+    sidecar = progress_path(keep_path).resolve()
+    _refuse_clashing_paths(paths, sidecar, Path(store_path).resolve())
+    return paths
 
 
 def _refuse_clashing_paths(paths: list[Path], sidecar: Path, store_dir: Path) -> None:

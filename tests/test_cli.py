@@ -788,6 +788,29 @@ def test_dedup_keeps_first_of_each_group_and_resumes(
     assert [r["id"] for r in _jsonl((tmp_path / "k.jsonl").read_text())] == kept
 
 
+@pytest.mark.parametrize(
+    "mistake", ["--threshold 0", "keep in a missing directory", "keep is the input"]
+)
+def test_a_refused_dedup_creates_no_store(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], mistake: str
+) -> None:
+    """The store was created before the other inputs were checked: a refused run left one
+    behind, and with --threshold 0 (falsy) one for 0.8, which the corrected run then used
+    with bands made for 0.8 (a review's finding)."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = _dedup_args(archive, tmp_path)
+    if mistake == "--threshold 0":
+        args[args.index("--threshold") + 1] = 0
+    elif mistake == "keep in a missing directory":
+        args[args.index("--keep") + 1] = tmp_path / "missing" / "k.jsonl"
+    else:
+        args[args.index("--keep") + 1] = archive
+    before = archive.read_bytes()
+    result = _run(runner, *args)
+    assert result.exit_code == 2 and result.output.startswith("Error: ")
+    assert not (tmp_path / "d.ndx").exists() and archive.read_bytes() == before
+
+
 def test_dedup_exits_1_and_lists_each_failed_line(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
