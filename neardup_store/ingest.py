@@ -355,6 +355,10 @@ def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
         obj = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
     except json.JSONDecodeError as err:
         return f"malformed JSON ({err.msg} at column {err.colno})", type(err).__name__
+    except RecursionError as err:
+        return "JSON nested too deeply to read", type(err).__name__
+    except ValueError as err:  # an integer of more digits than Python converts
+        return f"unreadable JSON ({err})", type(err).__name__
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}", "TypeError"
     return obj

@@ -811,6 +811,31 @@ def test_a_refused_dedup_creates_no_store(
     assert not (tmp_path / "d.ndx").exists() and archive.read_bytes() == before
 
 
+@pytest.mark.parametrize("command", ["add", "dedup", "query"])
+def test_a_json_line_too_deep_or_too_long_to_read_fails_alone(
+    runner: CliRunner,
+    tmp_path: Path,
+    near_dup_corpus: dict[str, str],
+    store_path: Path,
+    command: str,
+) -> None:
+    """json.loads raises RecursionError for deep nesting and ValueError for an integer of
+    more than 4300 digits, not JSONDecodeError: one such line ended the run with a
+    traceback (a review's finding). It is one failed line now, as any malformed one."""
+    deep = "[" * 100_000 + "]" * 100_000
+    long = '{"id": "n", "text": "some text", "n": ' + "1" * 5000 + "}"
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus, f"{deep}\n{long}\n")
+    if command == "add":
+        result = _run(runner, "add", store_path, archive, "--jsonl", "--json")
+    elif command == "dedup":
+        result = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+    else:
+        result = _run(runner, "query", store_path, "--jsonl", archive, "--json")
+    assert result.exit_code == 1, result.output
+    failed = [r["failed"] for r in _jsonl(result.output) if "failed" in r]
+    assert [(f["line"], f["error"]) for f in failed] == [(6, "RecursionError"), (7, "ValueError")]
+
+
 def test_dedup_exits_1_and_lists_each_failed_line(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
