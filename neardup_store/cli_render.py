@@ -16,7 +16,7 @@ import click
 import numpy as np
 
 from .demo import DemoResult
-from .ingest import Failure
+from .ingest import Failure, json_text
 from .lsh import LSHParams
 from .maintenance import (
     BackupReport,
@@ -36,7 +36,7 @@ def key_text(key: str | bytes) -> str:
 
 def json_line(record: dict[str, Any]) -> None:
     """Print one JSON-lines record (machine output goes to stdout, one object a line)."""
-    click.echo(json.dumps(record, ensure_ascii=False))
+    click.echo(json_text(record))
 
 
 def failure_record(failure: Failure) -> dict[str, Any]:

@@ -364,6 +364,18 @@ def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
     return obj
 
 
+def json_text(value: Any) -> str:
+    """JSON text of ``value`` with non-ASCII characters kept readable, unless it holds a
+    lone surrogate (a valid JSON escape such as ``"\\ud800"``, or a file name that is not
+    UTF-8), which UTF-8 cannot carry: that text is ASCII-escaped instead."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value)
+    return text
+
+
 def _json_type(value: object) -> str:
     return {dict: "an object", list: "an array", type(None): "null", bool: "a boolean"}.get(
         type(value), "a number"
@@ -912,7 +924,7 @@ def _dedup_batch(
             if result is None:  # the key is stored: not new, so dropped (add skips it)
                 score = estimate_jaccard(doc.signature, txn.get(key).signature)
                 out = {**obj, "duplicate_of": key, "score": round(float(score), 6)}
-                dropped_out.append(json.dumps(out, ensure_ascii=False).encode() + b"\n")
+                dropped_out.append(json_text(out).encode() + b"\n")
                 new.dropped += 1
                 new.already_stored += 1
             elif result.added:
@@ -922,7 +934,7 @@ def _dedup_batch(
             else:
                 best = result.matches[0]
                 out = {**obj, "duplicate_of": best.key, "score": round(best.score, 6)}
-                dropped_out.append(json.dumps(out, ensure_ascii=False).encode() + b"\n")
+                dropped_out.append(json_text(out).encode() + b"\n")
                 new.dropped += 1
         new.keep_bytes += _write_synced(keep, keep_out)
         new.dropped_bytes += _write_synced(dropped, dropped_out)

@@ -836,6 +836,27 @@ def test_a_json_line_too_deep_or_too_long_to_read_fails_alone(
     assert [(f["line"], f["error"]) for f in failed] == [(6, "RecursionError"), (7, "ValueError")]
 
 
+def test_lone_surrogates_in_input_give_valid_utf8_json(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], store_path: Path
+) -> None:
+    """ "\\ud800" is valid JSON and the hasher signs it, but UTF-8 cannot carry a lone
+    surrogate: writing a dropped line or a --json record holding one raised
+    UnicodeEncodeError, and a dedup job could never get past it (a review's finding)."""
+    first = next(iter(near_dup_corpus.values()))
+    line = json.dumps({"id": "copy", "text": first + " \ud800"})  # ASCII-escaped
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus, line + "\n")
+    result = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    dropped = (tmp_path / "x.jsonl").read_bytes().decode("utf-8")  # strict
+    assert [json.loads(x)["text"][-1] for x in dropped.splitlines()][-1] == "\ud800"
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"id": "copy\ud800", "text": first + " \ud800"}) + "\n")
+    found = _run(runner, "query", store_path, "--jsonl", queries, "--json")
+    assert found.exit_code == 0, found.output
+    records = _jsonl(found.stdout_bytes.decode("utf-8"))
+    assert records and all(r["query"] == "copy\ud800" for r in records)
+
+
 def test_dedup_exits_1_and_lists_each_failed_line(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
