@@ -497,7 +497,9 @@ def _interrupted(err: ingest.Interrupted, ticker: _BatchTicker) -> None:
 @click.option("--threshold", type=float, default=None, help="With --unique (store default).")
 @click.option(
     "--report",
-    type=click.File("w", encoding="utf-8"),
+    # Opened at once, not on the first write: a path that cannot be written is refused
+    # before anything is added, not found after every batch has committed.
+    type=click.File("w", encoding="utf-8", lazy=False),
     default=None,
     help="Write skipped (with matching keys) and failed inputs here as JSON lines.",
 )
@@ -961,7 +963,7 @@ def stats(path: str, largest: int, as_json: bool) -> None:
 @click.argument("keys", nargs=-1)
 @click.option(
     "--from-file",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     default=None,
     help="Read keys from this file, one a line ('-' for stdin).",
 )
@@ -976,7 +978,7 @@ def stats(path: str, largest: int, as_json: bool) -> None:
 def remove(
     path: str,
     keys: tuple[str, ...],
-    from_file: IO[str] | None,
+    from_file: IO[bytes] | None,
     missing_ok: bool,
     batch_size: int | Literal["auto"] | None,
     as_json: bool,
@@ -992,7 +994,7 @@ def remove(
     """
     wanted = list(keys)
     if from_file is not None:
-        wanted += [line.rstrip("\r\n") for line in from_file if line.strip()]
+        wanted += _key_lines(from_file)
     if not wanted:
         raise click.UsageError("give keys as arguments or with --from-file")
     with open_store(path, readonly=False) as store:
@@ -1001,6 +1003,24 @@ def remove(
         render.json_line({"removed": removed, "asked": len(wanted)})
     else:
         click.echo(f"Removed {removed} of {len(wanted)} documents.")
+
+
+def _key_lines(stream: IO[bytes]) -> list[str]:
+    """The keys of a file, one a line (blank lines skipped), each checked to be UTF-8."""
+    name = getattr(stream, "name", None)
+    name = name if isinstance(name, str) else "<stdin>"
+    keys = []
+    for number, raw in enumerate(stream, 1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as err:
+            raise InputError(
+                f"{name}:{number}: not valid UTF-8 at byte {err.start} ({err.reason}); keys "
+                "are read as UTF-8 text"
+            ) from None
+        if line.strip():
+            keys.append(line)
+    return keys
 
 
 @cli.command()

@@ -857,6 +857,33 @@ def test_lone_surrogates_in_input_give_valid_utf8_json(
     assert records and all(r["query"] == "copy\ud800" for r in records)
 
 
+def test_add_refuses_a_report_path_it_cannot_write_before_adding_anything(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """--report was opened on its first write, after every batch had committed: exit 2
+    with the store changed and the failure list lost (a review's finding)."""
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store).exit_code == 0
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus, "garbage\n")
+    report = tmp_path / "missing" / "report.jsonl"
+    result = _run(runner, "add", store, archive, "--jsonl", "--report", report)
+    assert result.exit_code == 2 and "report.jsonl" in result.output
+    with Store.open(store) as opened:
+        assert len(opened) == 0
+
+
+def test_remove_from_a_file_that_is_not_utf8_is_an_input_error(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_bytes(b"storm-a\ncaf\xe9\n")
+    result = _run(runner, "remove", store_path, "--from-file", keys)
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: {keys}:2: not valid UTF-8 at byte 3")
+    with Store.open(store_path) as opened:
+        assert "storm-a" in opened  # nothing removed
+
+
 def test_dedup_exits_1_and_lists_each_failed_line(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
