@@ -72,6 +72,7 @@ _CLI_WORDING = {
     "with create=True": "with `neardup-admin init`",
     "pass replace=True": "pass --replace",
     "pass missing_ok=True": "pass --missing-ok",
+    "(Store.create_from_export)": "(`neardup-admin import EXPORT NEW_PATH`)",
 }
 
 
@@ -1174,7 +1175,9 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
     """
     try:
         store = Store.open(path)
-    except StoreNotFoundError:
+    except (StoreNotFoundError, NotAStoreError) as err:
+        if isinstance(err, NotAStoreError) and err.found != UNFINISHED_CREATION:
+            raise  # else an import killed while creating its store: creating it goes on
         with (
             _doc_progress("Importing") as progress,
             Store.create_from_export(path, source, progress=progress) as created,

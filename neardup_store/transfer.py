@@ -29,13 +29,15 @@ from .errors import (
     InvalidParameterError,
     InvalidStreamError,
     NeardupError,
+    NotAStoreError,
     OutputWriteError,
+    StoreNotFoundError,
     check_flags,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import STORE_FILES, Store, _placed, batches, check_batch_size
+from .store import STORE_FILES, UNFINISHED_CREATION, Store, _placed, batches, check_batch_size
 
 if TYPE_CHECKING:
     from .txn import Key
@@ -354,8 +356,7 @@ def create_from_export(
             before it: delete that store before retrying.)
     """
     check_batch_size(batch_size)  # before the store is made
-    if (Path(path) / "data.mdb").exists():
-        raise InvalidParameterError("path", str(path), "a directory without a store")
+    _refuse_a_store_at(path)
     _check_binary(stream, "rb")
     reader = _ExportReader(stream)
     header = reader.header()
@@ -391,6 +392,20 @@ def create_from_export(
                 error.__notes__ = ["the store this call created was deleted: nothing of it is left"]
         raise
     return store
+
+
+def _refuse_a_store_at(path: str | os.PathLike[str]) -> None:
+    """Refuse a path that holds a store. A creation killed before its first commit left
+    none (Store.open with create=True goes on with it), nor does a path with nothing."""
+    try:
+        Store.open(path, read_only=True).close()
+    except StoreNotFoundError:
+        return
+    except NotAStoreError as err:
+        if err.found == UNFINISHED_CREATION:
+            return
+        raise
+    raise InvalidParameterError("path", str(path), "a directory without a store")
 
 
 def _delete_created(path: Path, existed: bool) -> None:

@@ -217,6 +217,35 @@ def test_init_goes_on_where_a_killed_init_left_an_unfinished_store(tmp_path: Pat
     assert again.exit_code == 2 and "a store already exists here" in again.output
 
 
+def test_import_goes_on_where_a_killed_creation_left_an_unfinished_store(
+    tmp_path: Path,
+) -> None:
+    """`neardup-admin import` into a path where a creation was killed refused (telling the
+    user to run init, whose store then had the wrong configuration for the export);
+    create_from_export refused any data.mdb (a review's finding)."""
+    import io
+
+    from click.testing import CliRunner
+
+    from neardup_store.cli import cli
+
+    with Store.open(tmp_path / "source", create=True, num_perm=32) as source:
+        source.add_many([("a", "the first of two documents"), ("b", "and the second one")])
+        stream = io.BytesIO()
+        source.export(stream)
+    path = tmp_path / "copy"
+    assert _create_in_child(path, "before-create:1") == -signal.SIGKILL
+    runner = CliRunner()
+    imported = runner.invoke(cli, ["import", "-", str(path)], input=stream.getvalue())
+    assert imported.exit_code == 0, imported.output
+    with Store.open(path) as store:
+        assert store.config.num_perm == 32 and len(store) == 2 and store.check().ok
+    library = tmp_path / "library"
+    assert _create_in_child(library, "before-create:1") == -signal.SIGKILL
+    with Store.create_from_export(library, io.BytesIO(stream.getvalue())) as store:
+        assert len(store) == 2
+
+
 def test_a_creation_killed_before_its_commit_can_be_created_again(tmp_path: Path) -> None:
     # Regression: the meta table used to be made in a transaction of its own, and any
     # environment without our meta entries was refused, so a creation killed before its
