@@ -31,6 +31,7 @@ from .errors import (
     NeardupError,
     NotAStoreError,
     OutputWriteError,
+    StoreBusyError,
     StoreNotFoundError,
     check_flags,
 )
@@ -405,6 +406,8 @@ def _refuse_a_store_at(path: str | os.PathLike[str]) -> None:
         if err.found == UNFINISHED_CREATION:
             return
         raise
+    except StoreBusyError:  # open in this process already: a store is there
+        pass
     raise InvalidParameterError("path", str(path), "a directory without a store")
 
 
