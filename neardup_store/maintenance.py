@@ -686,11 +686,17 @@ _TABLE_FLAGS = {
 }  # fmt: skip
 
 
+_TABLE_RECORD_BYTES = 48  # LMDB's MDB_db on a 64-bit machine
+
+
 def _named_tables(txn: lmdb.Transaction) -> list[tuple[bytes, dict[str, bool]]]:
-    """Every named table of the environment and its flags, read from the main table."""
+    """Every named table of the environment and its flags, read from the main table
+    (whose other entries, which this package never writes, are damage: not copied)."""
     tables = []
     with txn.cursor() as cursor:
         for name, record in cursor:
+            if len(record) != _TABLE_RECORD_BYTES:
+                continue
             (flags,) = struct.unpack_from("<H", record, 4)  # MDB_db: md_pad u32, md_flags u16
             tables.append(
                 (bytes(name), {arg: bool(flags & bit) for bit, arg in _TABLE_FLAGS.items()})
@@ -708,8 +714,12 @@ def _copy_tables(
     """Append every entry of every table to ``copy`` in key order, committing every
     ``_COPY_CHUNK`` entries (a small store is copied in one transaction, so its copy
     has no free pages at all); ``progress`` gets the share done, scaled to ``documents``."""
-    tables = [(name, flags, env.open_db(name, txn=txn, create=False, **flags))
-              for name, flags in _named_tables(txn)]  # fmt: skip
+    tables = []
+    for name, flags in _named_tables(txn):
+        try:
+            tables.append((name, flags, env.open_db(name, txn=txn, create=False, **flags)))
+        except lmdb.IncompatibleError:  # an entry of the table's size that is not one
+            continue
     total = max(1, sum(int(txn.stat(db)["entries"]) for _, _, db in tables))
     copied = 0
     out = copy.begin(write=True)
