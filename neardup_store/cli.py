@@ -121,7 +121,7 @@ class _BatchSize(click.ParamType):
             number = int(value)
         except (TypeError, ValueError):
             number = 0
-        if number < 1:
+        if not 1 <= number <= sys.maxsize:
             self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
         return number
 

@@ -219,10 +219,18 @@ def read_inputs(
     Unusable input is yielded as :class:`Failure` so callers can count it and go on.
 
     Raises:
-        InvalidParameterError: ``encoding`` is not a text codec (raised by this call, before
+        InvalidParameterError: ``encoding`` is not a text codec, or with ``jsonl`` one whose
+            newline is not the byte 0x0a, such as UTF-16 (raised by this call, before
             anything is read, not by the iteration).
     """
     check_encoding(encoding)
+    if jsonl and "\n".encode(encoding) != b"\n":  # lines are cut at the byte 0x0a
+        raise InvalidParameterError(
+            "encoding",
+            encoding,
+            "for JSON lines, one that writes a newline as the byte 0x0a "
+            "(utf-8, latin-1, cp1252...); convert the file to UTF-8 first",
+        )
     if isinstance(include, str):
         include = (include,)
     return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)

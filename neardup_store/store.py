@@ -34,6 +34,7 @@ import fcntl
 import os
 import resource
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -1319,7 +1320,11 @@ def check_batch_size(
     if (
         (batch_size == AUTO and allow_auto)
         or (batch_size is None and allow_none)
-        or (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0)
+        or (
+            isinstance(batch_size, int)
+            and not isinstance(batch_size, bool)
+            and 0 < batch_size <= sys.maxsize
+        )
     ):
         return batch_size  # type: ignore[return-value]
     expected = "a positive integer"

@@ -64,6 +64,9 @@ HASH_VERSION = 1
 ShingleKind = Literal["char", "word", "stopword"]
 SHINGLE_KINDS: tuple[str, ...] = ("char", "word", "stopword")
 _DEFAULT_SIZE = {"char": 5, "word": 3, "stopword": 3}
+MAX_SHINGLE_SIZE = 1 << 16
+"""The largest shingle size: longer shingles only make a whole document one shingle, and
+the hashing kernels take sizes as 64-bit integers."""
 
 ENGLISH_STOP_WORDS: frozenset[str] = frozenset(
     """
@@ -114,8 +117,12 @@ class ShingleConfig:
             raise InvalidParameterError("kind", self.kind, f"one of {', '.join(SHINGLE_KINDS)}")
         if self.size is None:
             object.__setattr__(self, "size", _DEFAULT_SIZE[self.kind])
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise InvalidParameterError("size", self.size, "an integer >= 1")
+        if (
+            isinstance(self.size, bool)
+            or not isinstance(self.size, int)
+            or not 1 <= self.size <= MAX_SHINGLE_SIZE
+        ):
+            raise InvalidParameterError("size", self.size, f"an integer in [1, {MAX_SHINGLE_SIZE}]")
         if self.kind == "stopword" and self.size < 2:
             raise InvalidParameterError("size", self.size, "an integer >= 2 for stop-word shingles")
         for flag in ("bag", "nfkc", "casefold", "collapse_whitespace", "strip", "allow_empty"):

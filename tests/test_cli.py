@@ -884,6 +884,27 @@ def test_remove_from_a_file_that_is_not_utf8_is_an_input_error(
         assert "storm-a" in opened  # nothing removed
 
 
+def test_sizes_past_what_the_machine_takes_and_utf16_json_lines_are_refused(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """A shingle size past 64 bits left a half-created store and an OverflowError
+    traceback; a batch size past sys.maxsize a ValueError traceback; UTF-16 JSON lines
+    were cut at the byte 0x0a, failing every line of a valid file (a review's findings)."""
+    store = tmp_path / "s.ndx"
+    huge = _run(runner, "init", store, "--shingle-size", 10**20)
+    assert huge.exit_code == 2 and "size=" in huge.output and not store.exists()
+    assert _run(runner, "init", store).exit_code == 0
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    batch = _run(runner, "add", store, archive, "--jsonl", "--batch-size", 2**64)
+    assert batch.exit_code == 2 and "neither a positive integer" in batch.output
+    utf16 = tmp_path / "u.jsonl"
+    utf16.write_bytes(archive.read_text().encode("utf-16"))
+    refused = _run(runner, "add", store, utf16, "--jsonl", "--encoding", "utf-16")
+    assert refused.exit_code == 2 and "newline as the byte 0x0a" in refused.output
+    with Store.open(store) as opened:
+        assert len(opened) == 0
+
+
 def test_dedup_exits_1_and_lists_each_failed_line(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
