@@ -73,6 +73,7 @@ _CLI_WORDING = {
     "pass replace=True": "pass --replace",
     "pass missing_ok=True": "pass --missing-ok",
     "(Store.create_from_export)": "(`neardup-admin import EXPORT NEW_PATH`)",
+    "needs bands= and rows= given": "needs bands and rows given (init --bands --rows)",
 }
 
 
@@ -530,6 +531,10 @@ def add(
         neardup-admin add ./corpus.ndx ./articles --include '*.txt'
         neardup-admin add ./corpus.ndx dump.jsonl --jsonl --unique --report skipped.jsonl
     """
+    if unique and replace:
+        raise click.UsageError("--unique and --replace cannot be combined")
+    if threshold is not None and not unique:
+        raise click.UsageError("--threshold applies only with --unique")
     records = ingest.read_inputs(
         inputs,
         include=include,

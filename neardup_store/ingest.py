@@ -358,7 +358,9 @@ def parse_line(
 
 def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
     """A JSON line's object, or why it is none as ``(reason, error type name)``: the
-    wording of every command that reads JSON lines."""
+    wording of every command that reads JSON lines. A byte-order mark before the object
+    (files some editors write start with one) is not part of it."""
+    line = line.removeprefix("\ufeff")
     try:
         obj = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
     except json.JSONDecodeError as err:

@@ -905,6 +905,46 @@ def test_sizes_past_what_the_machine_takes_and_utf16_json_lines_are_refused(
         assert len(opened) == 0
 
 
+def test_add_words_option_conflicts_as_options(
+    runner: CliRunner, tmp_path: Path, store_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """The library's wording (threshold=0.5 ... expected None unless unique=True) named
+    Python arguments on the command line (a review's finding)."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    alone = _run(runner, "add", store_path, archive, "--jsonl", "--threshold", 0.5)
+    assert alone.exit_code == 2 and "--threshold applies only with --unique" in alone.output
+    both = _run(runner, "add", store_path, archive, "--jsonl", "--unique", "--replace")
+    assert both.exit_code == 2 and "--unique and --replace cannot be combined" in both.output
+
+
+@pytest.mark.parametrize("command", ["add", "dedup", "query"])
+def test_a_byte_order_mark_before_the_first_json_line_is_not_an_error(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], command: str
+) -> None:
+    """Files some editors write start with a UTF-8 BOM: the first record failed, in dedup
+    its near-duplicate was kept in its place, and the advice (utf-8-sig) named an option
+    dedup and query do not have (a review's finding)."""
+    plain = _archive(tmp_path / "plain.jsonl", near_dup_corpus)
+    archive = tmp_path / "bom.jsonl"
+    archive.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    if command == "add":
+        store = tmp_path / "s.ndx"
+        assert _run(runner, "init", store).exit_code == 0
+        result = _run(runner, "add", store, archive, "--jsonl", "--json")
+        assert _jsonl(result.output)[-1]["summary"]["added"] == len(near_dup_corpus)
+    elif command == "dedup":
+        result = _run(runner, *_dedup_args(archive, tmp_path), "--json")
+        kept_lines = (tmp_path / "k.jsonl").read_text(encoding="utf-8-sig")  # lines as read
+        assert [r["id"] for r in _jsonl(kept_lines)] == ["storm-a", "recipe-a", "unrelated"]
+    else:
+        store = tmp_path / "s.ndx"
+        with Store.open(store, create=True, threshold=0.7) as opened:
+            opened.add_many(near_dup_corpus.items())
+        result = _run(runner, "query", store, "--jsonl", archive, "--json")
+    assert result.exit_code == 0, result.output
+    assert not [r for r in _jsonl(result.output) if "failed" in r]
+
+
 def test_dedup_exits_1_and_lists_each_failed_line(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
 ) -> None:
