@@ -369,7 +369,7 @@ def create_from_export(
         valid_threshold(params["threshold"])
     except (KeyError, TypeError, ValueError) as err:
         raise InvalidStreamError(f"the header's parameters do not decode ({err})") from None
-    existed = Path(path).exists()
+    made = _first_missing(Path(path))  # the directory the store's creation makes first
     store = Store.open(
         path,
         create=True,
@@ -387,7 +387,7 @@ def create_from_export(
     except BaseException as error:
         store.close()
         if store.created_here:  # not a store another process made at the path meanwhile
-            _delete_created(Path(path), existed)
+            _delete_created(Path(path), made)
             if isinstance(error, NeardupError) and getattr(error, "committed", 0):
                 error.committed = 0  # type: ignore[attr-defined]  # deleted with the store
                 error.__notes__ = ["the store this call created was deleted: nothing of it is left"]
@@ -411,11 +411,21 @@ def _refuse_a_store_at(path: str | os.PathLike[str]) -> None:
     raise InvalidParameterError("path", str(path), "a directory without a store")
 
 
-def _delete_created(path: Path, existed: bool) -> None:
-    """Delete the store a failed :func:`create_from_export` made at ``path``: the whole
-    directory if the call made it, else only the store's own files."""
-    if not existed:
-        shutil.rmtree(path, ignore_errors=True)
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist (``None``: it does)."""
+    missing = None
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            return missing
+        missing = candidate
+    return missing
+
+
+def _delete_created(path: Path, made: Path | None) -> None:
+    """Delete the store a failed :func:`create_from_export` made at ``path``: every
+    directory the call made (``made``, the outermost), else only the store's own files."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
         return
     for name in STORE_FILES:
         (path / name).unlink(missing_ok=True)

@@ -830,12 +830,12 @@ def test_a_failed_create_from_export_leaves_the_path_as_it_was(
 
     monkeypatch.setattr(store_module, "MIN_TRANSACTION", 20)
     data = _export(store)
-    target = tmp_path / "copy"
+    target = tmp_path / "new" / "nested" / "copy"  # parents the call makes go too
     if directory_existed:
-        target.mkdir()
+        target.mkdir(parents=True)
     with pytest.raises(InvalidStreamError, match="ends inside"):
         Store.create_from_export(target, io.BytesIO(data[: len(data) * 3 // 4]))
-    assert target.exists() == directory_existed
+    assert target.exists() == (tmp_path / "new").exists() == directory_existed
     assert not directory_existed or list(target.iterdir()) == []
     with Store.create_from_export(target, io.BytesIO(data)) as copy:
         assert _contents(copy) == _contents(store)
