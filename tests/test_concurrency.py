@@ -318,10 +318,12 @@ def _exported(store: Store) -> tuple[set[str], bool]:
     stream = _SlowStream()
     store.export(stream)
     objects = list(msgpack.Unpacker(io.BytesIO(stream.getvalue()), raw=False))
-    keys = {key for key, _, _ in objects[1:]}
+    records = objects[1:-1]  # between the header and the end marker
+    assert objects[-1] == {"end": "neardup_store-export", "documents": len(records)}
+    keys = {key for key, _, _ in records}
     signed = all(
         np.array_equal(np.frombuffer(sig, "<u4"), store.hasher.signature(cs.text_of(key)))
-        for key, sig, _ in objects[1:]
+        for key, sig, _ in records
     )
     return keys, signed
 
