@@ -648,21 +648,23 @@ class Store:
         """Begin a transaction counted as active, so :meth:`_resize` waits for it; the
         caller must call :meth:`_end_tracked` once it has ended."""
         state = self._thread_state
-        while True:
-            if self._growth_waiting and not getattr(state, "readers", 0):
-                self._let_growth_go_first()
-            epoch = self.map_epoch
-            txn = self._begin(write)  # outside the lock: a write begin may block
-            with self._readers_lock:
-                if epoch == self.map_epoch:
-                    # Both counts in one statement, with no call between the two stores
-                    # for a pending signal to interrupt.
-                    self._active_readers, state.readers = (
-                        self._active_readers + 1,
-                        getattr(state, "readers", 0) + 1,
-                    )
-                    return txn
-            txn.abort()  # the map changed while it began: begin again
+        if self._growth_waiting and not getattr(state, "readers", 0):
+            self._let_growth_go_first()
+        # Counted before it begins: a growth cannot change the map under a transaction
+        # that is beginning, nor wait inside LMDB for the write lock such a transaction
+        # holds while this thread waits for the lock the growth holds.
+        with self._readers_lock:
+            # Both counts in one statement, with no call between the two stores for a
+            # pending signal to interrupt.
+            self._active_readers, state.readers = (
+                self._active_readers + 1,
+                getattr(state, "readers", 0) + 1,
+            )
+        try:
+            return self._begin(write)  # outside the lock: a write begin may block
+        except BaseException:
+            self._end_tracked()
+            raise
 
     def _let_growth_go_first(self) -> None:
         """Wait while a map growth waits for readers to end, in a thread that holds none

@@ -500,6 +500,36 @@ def test_two_threads_that_each_read_then_write_past_the_map_both_commit(
         assert store._active_readers == store._parked_reads == 0
 
 
+def test_writer_threads_sharing_a_store_through_many_map_growths_all_commit(
+    tmp_path: Path,
+) -> None:
+    """A thread that had begun its LMDB write transaction, not yet counted, let a growth
+    in another thread call set_mapsize, which waited inside LMDB for that write lock
+    while holding the lock the first thread waited for: every run hung for good within a
+    few batches (a review's finding). Transactions are counted before they begin now."""
+    with Store.open(tmp_path / "s", create=True, num_perm=64, map_size=1 << 16) as store:
+        failures: list[BaseException] = []
+
+        def writer(number: int) -> None:
+            rng = np.random.default_rng(number)
+            try:
+                for batch in range(15):
+                    sigs = rng.integers(0, 2**32, (200, 64), dtype=np.uint32)
+                    items = [(f"w{number}-{batch}-{i}", sig) for i, sig in enumerate(sigs)]
+                    store.add_signatures(items, batch_size=None)
+            except BaseException as err:  # reported by the main thread
+                failures.append(err)
+
+        threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=90)
+        assert not any(thread.is_alive() for thread in threads), "writers hung"
+        assert not failures and len(store) == 4 * 15 * 200 and store.check().ok
+        assert store._active_readers == store._parked_reads == 0
+
+
 def test_an_interrupt_as_a_read_begins_leaves_no_reader_counted(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
