@@ -735,20 +735,44 @@ class WriteTxn(ReadTxn):
         return cache.ready_for(self._live, self._live.id() - 1)
 
     # Reads inside a write transaction are logged too: after a replay they must still say
-    # what the caller based its writes on.
+    # what the caller based its writes on. (Not the key iterator, whose rows are read as
+    # the caller goes: a replay ends it, StoreClosedError.)
     def get(self, key: Key) -> Document:
         return self._run(super().get, key)  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return self._run(super().__len__)  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return self._run(super().__contains__, key)  # type: ignore[no-any-return]
+
+    def _query_exact(
+        self,
+        texts: Sequence[object],
+        sigs: npt.NDArray[np.uint32],
+        threshold: float | None,
+        limit: int | None,
+        source: Callable[[Key], str],
+        encoding: str | None,
+    ) -> list[list[Match]]:
+        return self._run(  # type: ignore[no-any-return]
+            super()._query_exact, list(texts), sigs.copy(), threshold, limit, source, encoding
+        )
 
     def _query_signatures(
         self, sigs: npt.NDArray[np.uint32], threshold: float | None, limit: int | None
     ) -> list[list[Match]]:
-        return self._run(super()._query_signatures, sigs, threshold, limit)  # type: ignore[no-any-return]
+        # Logged with a copy: a replay must ask what the caller asked, whatever the
+        # caller's array holds by then.
+        return self._run(super()._query_signatures, sigs.copy(), threshold, limit)  # type: ignore[no-any-return]
 
     # -- the operation log and map growth ----------------------------------------------------
 
     def _run(self, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self._poisoned is not None:
             raise TransactionAbortedError(self._poisoned)
+        if self._operating:  # inside a logged operation (or a replay): logged with it
+            return operation(*args, **kwargs)
         while True:
             self._operating += 1
             try:
@@ -865,8 +889,14 @@ class WriteTxn(ReadTxn):
         """Insert a batch of new keys prepared by :func:`prepare_batch` (perhaps before
         this transaction began); DuplicateKeyError before any write if a key is taken."""
         self._store._check_writable()
+        return int(self._run(self._insert_checked, batch))
+
+    def _insert_checked(self, batch: _PreparedBatch) -> int:
+        """:meth:`_insert_new` after :meth:`_check_new_keys`, as one logged operation: a
+        replay after a map growth checks the keys again, so a key another process
+        committed in between is a conflict, not an entry silently overwritten."""
         self._check_new_keys(batch)
-        return int(self._run(self._insert_new, batch))
+        return self._insert_new(batch)
 
     # -- writing primitives -------------------------------------------------------------------
 
@@ -1012,10 +1042,17 @@ class WriteTxn(ReadTxn):
         self._store._check_writable()
         check_flags(replace=replace)
         _check_one_of(document, signature, "document/signature")
-        sigs = None if signature is None else self._store._check_signature(signature)[None, :]
+        sigs = self._own_signature(signature)
         with single_document():
             (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
         return bool(self._run(self._store_prepared, doc, replace))
+
+    def _own_signature(self, signature: npt.ArrayLike | None) -> npt.NDArray[np.uint32] | None:
+        """``signature`` checked, as a one-row matrix of its own: the caller may reuse the
+        array, and a replay after a map growth must write what this call was given."""
+        if signature is None:
+            return None
+        return self._store._check_signature(signature)[None, :].copy()
 
     def add_many(
         self,
@@ -1177,7 +1214,7 @@ class WriteTxn(ReadTxn):
         self._store._check_writable()
         _check_one_of(document, signature, "document/signature")
         threshold = self._store._check_threshold(threshold)
-        sigs = None if signature is None else self._store._check_signature(signature)[None, :]
+        sigs = self._own_signature(signature)
         with single_document():
             (doc,) = prepare_batch(self._store, [(key, document, metadata)], sigs, encoding).docs()
         result: UniqueResult = self._run(self._add_unique, doc, threshold)
@@ -1218,10 +1255,16 @@ class WriteTxn(ReadTxn):
         return self._add_unique_prepared(prepared, threshold)
 
     def _add_unique_prepared(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
-        self._check_new_keys(batch)
         if not batch:
+            self._check_new_keys(batch)
             return []
-        return self._run(self._add_unique_batch, batch, threshold)  # type: ignore[no-any-return]
+        return self._run(self._add_unique_checked, batch, threshold)  # type: ignore[no-any-return]
+
+    def _add_unique_checked(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
+        """:meth:`_add_unique_batch` after the key check, as one logged operation (see
+        :meth:`_insert_checked`)."""
+        self._check_new_keys(batch)
+        return self._add_unique_batch(batch, threshold)
 
     def _add_unique_batch(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
         """:meth:`_add_unique` of every document of ``batch`` in order, with the answers

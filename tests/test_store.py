@@ -506,26 +506,29 @@ def test_writer_threads_sharing_a_store_through_many_map_growths_all_commit(
     """A thread that had begun its LMDB write transaction, not yet counted, let a growth
     in another thread call set_mapsize, which waited inside LMDB for that write lock
     while holding the lock the first thread waited for: every run hung for good within a
-    few batches (a review's finding). Transactions are counted before they begin now."""
-    with Store.open(tmp_path / "s", create=True, num_perm=64, map_size=1 << 16) as store:
-        failures: list[BaseException] = []
+    few batches (a review's finding). Transactions are counted before they begin now.
+    The store is closed only once the writers are done, so that a hang fails the test
+    instead of hanging its close."""
+    store = Store.open(tmp_path / "s", create=True, num_perm=64, map_size=1 << 16)
+    failures: list[BaseException] = []
 
-        def writer(number: int) -> None:
-            rng = np.random.default_rng(number)
-            try:
-                for batch in range(15):
-                    sigs = rng.integers(0, 2**32, (200, 64), dtype=np.uint32)
-                    items = [(f"w{number}-{batch}-{i}", sig) for i, sig in enumerate(sigs)]
-                    store.add_signatures(items, batch_size=None)
-            except BaseException as err:  # reported by the main thread
-                failures.append(err)
+    def writer(number: int) -> None:
+        rng = np.random.default_rng(number)
+        try:
+            for batch in range(15):
+                sigs = rng.integers(0, 2**32, (200, 64), dtype=np.uint32)
+                items = [(f"w{number}-{batch}-{i}", sig) for i, sig in enumerate(sigs)]
+                store.add_signatures(items, batch_size=None)
+        except BaseException as err:  # reported by the main thread
+            failures.append(err)
 
-        threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=90)
-        assert not any(thread.is_alive() for thread in threads), "writers hung"
+    threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert not any(thread.is_alive() for thread in threads), "writers hung"
+    with store:
         assert not failures and len(store) == 4 * 15 * 200 and store.check().ok
         assert store._active_readers == store._parked_reads == 0
 
@@ -2000,6 +2003,74 @@ def test_replay_that_diverges_raises_conflict_and_writes_nothing(
         assert store.get("contested").signature.tolist() == (
             store.hasher.signature(theirs).tolist()
         )
+
+
+@pytest.mark.parametrize("first", ["add_many", "add_many_if_unique", "exact query", "in"])
+def test_a_replay_checks_again_what_a_batch_add_or_a_read_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """The key check of a batch add, an exact query and ``key in txn`` ran outside the
+    logged operations: a replay after another process's commit overwrote its key entry
+    (two records for one key, one unreachable) or kept a decision its answer no longer
+    supported (a review's finding). Each is now checked again, as add() was."""
+    ours, theirs = "this process's text for the key", "the other process's text for this key"
+    texts = {"contested": theirs}
+    with Store.open(tmp_path / "store", create=True) as store:
+        other = _python("-c", HOLD_WRITE, str(tmp_path / "store"))
+        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
+        grow_and_begin = store._grow_and_begin_write
+
+        def after_the_other_commits() -> lmdb.Transaction:
+            assert other.stdout is not None and other.stdout.readline().strip() == "committed"
+            return grow_and_begin()
+
+        monkeypatch.setattr(store, "_grow_and_begin_write", after_the_other_commits)
+        writing = store.write()
+        txn = writing.__enter__()
+        if first == "add_many":
+            assert txn.add_many([("contested", ours)]) == 1
+        elif first == "add_many_if_unique":
+            assert txn.add_many_if_unique([("contested", ours)])[0].added
+        elif first == "exact query":
+            assert txn.query(theirs, exact=texts.__getitem__) == []
+        else:
+            assert "contested" not in txn
+        assert other.stdin is not None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert other.stdout.readline().strip() == "adding"
+        _wait_until_blocked(other.pid)
+        with pytest.raises(TransactionConflictError) as conflict:
+            txn._redo_after_growth()
+        assert writing.__exit__(type(conflict.value), conflict.value, None) is False
+        _finish(other)
+        assert list(store) == ["contested"] and store.check().ok
+        assert store.get("contested").signature.tolist() == (
+            store.hasher.signature(theirs).tolist()
+        )
+
+
+def test_a_signature_array_reused_by_the_caller_does_not_change_what_was_added(
+    tmp_path: Path,
+) -> None:
+    """add(signature=buf) kept a view of the caller's array: a map growth later in the
+    block replayed the add with whatever the buffer held by then (200 of 300 stored
+    signatures were not the ones added, and check failed; a review's finding)."""
+    rng = np.random.default_rng(6)
+    wanted = rng.integers(0, 2**32, size=(300, 64), dtype=np.uint32)
+    buffer = np.empty(64, dtype=np.uint32)
+    with Store.open(tmp_path / "s", create=True, num_perm=64, map_size=1 << 16) as store:
+        epoch = store.map_epoch
+        with store.write() as txn:
+            for i, sig in enumerate(wanted):
+                buffer[:] = sig
+                txn.add(f"k{i}", signature=buffer, metadata={"p": "x" * 200})
+                assert txn.query(signature=buffer)[0].key == f"k{i}"
+        assert store.map_epoch > epoch  # the block was replayed
+        assert all(
+            np.array_equal(store.get(f"k{i}").signature, sig) for i, sig in enumerate(wanted)
+        )
+        assert store.check().ok
 
 
 CREATE = r"""
