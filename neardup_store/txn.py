@@ -900,9 +900,9 @@ class WriteTxn(ReadTxn):
 
     # -- writing primitives -------------------------------------------------------------------
 
-    def _insert(self, doc: _Prepared) -> None:
+    def _insert(self, doc: _Prepared, doc_id: bytes | None = None) -> None:
         store, txn = self._store, self._live
-        doc_id = self._allocate_id()
+        doc_id = self._allocate_id() if doc_id is None else doc_id
         record = codec.encode_record(doc.raw_key, doc.is_str, doc.signature, doc.metadata)
         with self._writing():
             txn.put(doc_id, record, db=store._docs_db, append=True)
@@ -1010,12 +1010,15 @@ class WriteTxn(ReadTxn):
 
     def _store_prepared(self, doc: _Prepared, replace: bool) -> bool:
         existing = self._live.get(doc.index, db=self._store._keys_db)
-        if existing is not None:
-            if not replace:
-                raise DuplicateKeyError(doc.key)
-            self._unlink([(bytes(existing), doc.index)])
-        self._insert(doc)
-        return existing is not None
+        if existing is None:
+            self._insert(doc)
+            return False
+        if not replace:
+            raise DuplicateKeyError(doc.key)
+        doc_id = self._allocate_id()  # first: with the ids used up, nothing is removed
+        self._unlink([(bytes(existing), doc.index)])
+        self._insert(doc, doc_id)
+        return True
 
     # -- public writing operations --------------------------------------------------------------
 

@@ -760,6 +760,10 @@ def test_a_store_out_of_ids_refuses_the_batch_and_changes_nothing(tmp_path: Path
         store.add_signatures([("b", sigs[1]), ("c", sigs[2])])  # the last two ids fit
         with pytest.raises(IdsExhaustedError):
             store.add("d", signature=sigs[3])
+        # A replacement needs a new id: the old document stays.
+        with store.write() as txn, pytest.raises(IdsExhaustedError):
+            txn.add("b", signature=sigs[4], replace=True)
+        assert np.array_equal(store.get("b").signature, sigs[1])
         assert store.check().ok and len(store) == 3
         assert [m.key for m in store.query(signature=sigs[2])] == ["c"]
         with store.read() as txn:
