@@ -251,7 +251,7 @@ def _read_inputs(
             continue
         target = Path(name)
         if target.is_dir():
-            for file in _walk(target, include):
+            for file in walk_directory(target, include):
                 yield from _read_file(file, jsonl, id_field, text_field, encoding)
         elif target.exists():
             yield from _read_file(target, jsonl, id_field, text_field, encoding)
@@ -259,7 +259,7 @@ def _read_inputs(
             yield Failure(name, "no such file or directory", name, error="FileNotFoundError")
 
 
-def _walk(directory: Path, include: Sequence[str]) -> Iterator[Path]:
+def walk_directory(directory: Path, include: Sequence[str]) -> Iterator[Path]:
     """Files under ``directory`` matching a glob, sorted so runs are repeatable."""
     found = []
     for root, dirs, files in os.walk(directory):

@@ -263,6 +263,61 @@ def test_several_files_are_read_in_the_order_given(spark: Any, tmp_path: Path) -
         assert "original" in store and "copy" not in store and result.failed[0].line == 62
 
 
+def test_a_directory_of_awkward_lines_reads_as_add_reads_it(spark: Any, tmp_path: Path) -> None:
+    """A line that is not UTF-8 failed the whole job (pyarrow decoded it); a bare CR
+    inside a JSON line split it in two (Spark's text source cuts there); a line of only
+    a tab went to kept/; files in a subdirectory were left out (a review's findings).
+    Each now reads as ``add --jsonl`` reads it."""
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.jsonl").write_bytes(
+        b'{"id": "a", "text": "the first document of the file"}\n'
+        b'{"id": "bad", "text": "caf\xe9 is not UTF-8 here"}\n'
+        b"\t\n"
+        b'{"id": "cr",\r "text": "a line with a carriage return inside its JSON"}\n'
+    )
+    (corpus / "sub" / "b.jsonl").write_text('{"id": "b", "text": "one in a subdirectory"}\n')
+    out = tmp_path / "out"
+    report = nds.run_dedup(spark, [str(corpus)], out, _store_params())
+    with _open_local(tmp_path / "local.ndx", _store_params(), create=True) as store:
+        local = ingest.ingest(store, ingest.read_inputs([corpus], jsonl=True))
+        assert sorted(store) == ["a", "b", "cr"]
+    assert report.documents == local.added == 3 and report.failed == len(local.failed) == 1
+    (failed,) = _json_parts(out / "failed")
+    assert failed["line_number"] == 2 and failed["error"] == local.failed[0].reason
+    kept = [line for part in sorted((out / "kept").glob("part-*"))
+            for line in part.read_bytes().split(b"\n") if line]  # fmt: skip
+    assert [json.loads(line)["id"] for line in kept] == ["a", "cr", "b"]
+    assert sorted(_signatures(out)) == ["a", "b", "cr"]
+    (corpus / "_skipped.jsonl").write_text('{"id": "c", "text": "Spark would skip this"}\n')
+    with pytest.raises(InvalidParameterError, match=r"start with '_' or '\.'"):
+        nds.run_dedup(spark, [str(corpus)], tmp_path / "again", _store_params())
+    with pytest.raises(InvalidParameterError, match="inputs"):
+        nds.run_dedup(spark, [], tmp_path / "none", _store_params())
+    with pytest.raises(InvalidParameterError, match="partitions"):
+        nds.run_dedup(spark, [str(corpus)], tmp_path / "p", _store_params(), partitions=0)
+
+
+def test_an_output_named_by_a_file_uri_is_checked_as_a_path(spark: Any, tmp_path: Path) -> None:
+    """A file: URI was neither made when missing (the run failed at its end) nor checked
+    for emptiness: a run into an earlier output overwrote its params.json before failing,
+    and a store loaded from it answered nothing. A params.json that is not spark-dedup's
+    was a raw traceback (a review's findings)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "text": "a document to sign on spark"}\n')
+    first = tmp_path / "first"
+    nds.run_dedup(spark, [str(source)], first.as_uri(), _store_params())  # made, as a path
+    params = (first / "params.json").read_bytes()
+    other = resolve_params(0.6, 64, None, None, None, None, None)
+    with pytest.raises(InvalidParameterError, match="new or empty directory"):
+        nds.run_dedup(spark, [str(source)], first.as_uri(), other)
+    assert (first / "params.json").read_bytes() == params
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "params.json").write_text('{"config": \n')
+    with pytest.raises(InvalidParameterError, match="does not read as one"):
+        nds.read_params(tmp_path / "cut")
+
+
 # -- bulk load ----------------------------------------------------------------------------------
 
 
@@ -463,7 +518,7 @@ def test_files_of_a_directory_rank_in_the_order_add_walks_them(tmp_path: Path) -
     for name in ("a/b.jsonl", "a-c.jsonl", "a b/é.jsonl", "Z.jsonl", "a/a/x.jsonl"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("{}\n")
-    walked = [path.as_uri() for path in ingest._walk(tmp_path, ("*",))]
+    walked = [path.as_uri() for path in ingest.walk_directory(tmp_path, ("*",))]
     assert [uri for _, uri in sorted(((0, uri) for uri in walked[::-1]), key=_file_order)] == walked
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -131,9 +132,18 @@ def run_dedup(
     Raises:
         InvalidParameterError: ``out`` is not empty, or a parameter is out of range.
     """
-    for source in inputs:  # before anything is made: Spark would fail late, with a traceback
+    # Checked before anything is made: Spark would fail late, with a traceback.
+    if isinstance(inputs, (str, os.PathLike)) or not inputs:
+        raise InvalidParameterError("inputs", inputs, "a list of one or more files or directories")
+    for source in inputs:
         if "://" not in str(source) and not Path(source).exists():
             raise InvalidParameterError("input", str(source), "an existing file or directory")
+    if partitions is not None and (
+        isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
+    ):
+        raise InvalidParameterError("partitions", partitions, "a positive integer or None")
+    pipeline.check_max_bucket(max_bucket)
+    out = _local_path(out)
     out_path = Path(out)
     if "://" not in str(out):
         _check_empty("out", out_path)
@@ -193,6 +203,15 @@ def run_dedup(
     return report
 
 
+def _local_path(out: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A ``file:`` URI as the local path it names, which is then checked and made like
+    one (as a URI it was written into whatever was there, and not made when missing)."""
+    text = str(out)
+    if text.startswith("file:"):
+        return unquote(urlparse(text).path)
+    return out
+
+
 def _check_unique_ids(docs: DataFrame) -> None:
     from pyspark.sql import functions as sf
 
@@ -218,15 +237,6 @@ def _write_outputs(
     from pyspark.sql import functions as sf
 
     base = uri.rstrip("/")
-    if base.startswith("file:"):
-        Path(base.removeprefix("file://"), PARAMS_FILE).write_text(
-            json.dumps(params_to_dict(params), indent=2) + "\n"
-        )
-    else:  # a cluster file system: write through Spark
-        spark = docs.sparkSession
-        spark.createDataFrame([(json.dumps(params_to_dict(params)),)], "value string").coalesce(
-            1
-        ).write.text(f"{base}/{PARAMS_FILE}")
     docs.select("ordinal", "id", "signature", "metadata").write.parquet(f"{base}/signatures")
     ids = docs.select("ordinal", "id")
     first = ids.select(sf.col("ordinal").alias("first"), sf.col("id").alias("first_id"))
@@ -243,20 +253,39 @@ def _write_outputs(
     kept = lines.join(dropped, "ordinal", "left_anti").join(
         failed.select("ordinal"), "ordinal", "left_anti"
     )
-    kept.filter(sf.trim("line") != "").orderBy("ordinal").select("line").write.text(f"{base}/kept")
+    # Blank as add and dedup see it: only white space (trim takes off spaces alone).
+    kept = kept.filter(sf.col("line").rlike(r"\S"))
+    kept.orderBy("ordinal").select("line").write.text(f"{base}/kept")
     failed.write.json(f"{base}/failed")
+    # Last: an output with params.json is a whole one, and a run that fails before
+    # writes nothing of it over an earlier output's.
+    if base.startswith("file:"):
+        Path(unquote(urlparse(base).path), PARAMS_FILE).write_text(
+            json.dumps(params_to_dict(params), indent=2) + "\n"
+        )
+    else:  # a cluster file system: write through Spark
+        spark = docs.sparkSession
+        spark.createDataFrame([(json.dumps(params_to_dict(params)),)], "value string").coalesce(
+            1
+        ).write.text(f"{base}/{PARAMS_FILE}")
 
 
 def read_params(out: str | os.PathLike[str]) -> StoreParams:
     """The parameters a :func:`run_dedup` output was computed with."""
-    path = Path(out, PARAMS_FILE)
+    path = Path(_local_path(out), PARAMS_FILE)
     try:
-        data = json.loads(path.read_text())
+        return params_from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         raise InvalidParameterError(
             "out", str(out), f"the output directory of spark-dedup (no {PARAMS_FILE} in it)"
         ) from None
-    return params_from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # cut short, or another file
+        raise InvalidParameterError(
+            "out",
+            str(out),
+            f"the output directory of spark-dedup (its {PARAMS_FILE} does not "
+            f"read as one: {type(err).__name__}: {err})",
+        ) from None
 
 
 # -- bulk load ----------------------------------------------------------------------------------
@@ -354,6 +383,7 @@ def load_output(
     progress: Callable[[int], None] | None = None,
 ) -> LoadReport:
     """Bulk-load the signatures of a :func:`run_dedup` output into a new store at ``path``."""
+    out = _local_path(out)
     if "://" in str(out):  # a cluster file system: params.json was written through Spark
         text = "".join(row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect())
         params, uri = params_from_dict(json.loads(text)), str(out).rstrip("/")

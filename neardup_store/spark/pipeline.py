@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
@@ -119,11 +119,14 @@ def _sign_batches(
         records: list[Record] = []
         failed: list[tuple[int, str]] = []
         if jsonl:
-            for ordinal, line in zip(ordinals, batch.column(1).to_pylist(), strict=True):
+            # As bytes: a line that is not UTF-8 fails alone, as in `add --jsonl`, where
+            # decoding it as a string column failed the whole job.
+            raw_lines = batch.column(1).cast(pa.binary()).to_pylist()
+            for ordinal, line in zip(ordinals, raw_lines, strict=True):
                 if line is None or not line.strip():
                     continue  # blank lines are no documents, as in `add --jsonl`
                 # The reader strips line ends: restore one so errors match `add --jsonl`.
-                item = parse_line((line + "\n").encode("utf-8"), str(ordinal), id_field, text_field)
+                item = parse_line(line + b"\n", str(ordinal), id_field, text_field)
                 if isinstance(item, Failure):
                     failed.append((ordinal, item.reason))
                 else:
@@ -234,11 +237,8 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
     from pyspark.sql import functions as sf
 
     frames = [
-        spark.read.text(path)
-        .withColumnRenamed("value", "line")
-        .withColumn("file", sf.input_file_name())
-        .withColumn("argument", sf.lit(index))
-        for index, path in enumerate(paths)
+        _read_lines(spark, files).withColumn("argument", sf.lit(index))
+        for index, files in enumerate(_files_of(paths))
     ]
     lines = functools.reduce(lambda a, b: a.unionByName(b), frames)
     lines = lines.withColumn("part", sf.spark_partition_id()).withColumn(
@@ -256,6 +256,51 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
         "line",
         "file",
         (ordinal % (1 << LINE_BITS) + 1).alias("line_number"),
+    )
+
+
+def _files_of(paths: list[str]) -> list[list[str]]:
+    """What each input argument names for Spark to read. A local directory is listed here,
+    as ``neardup-admin add`` walks it (every file, subdirectories included), which
+    Spark's file index would not. URIs and local files are read as given.
+
+    Raises:
+        InvalidParameterError: a local file's name starts with ``_`` or ``.``: Spark's
+            file sources skip such files, even named one by one, so they would be left
+            out without a word.
+    """
+    from ..ingest import walk_directory
+
+    listed = []
+    for path in paths:
+        local = Path(path) if "://" not in path else None
+        if local is not None and local.is_dir():
+            listed.append([str(file) for file in walk_directory(local, ("*",))])
+        else:
+            listed.append([path])
+    hidden = [f for files in listed for f in files if "://" not in f and Path(f).name[:1] in "_."]
+    if hidden:
+        raise InvalidParameterError(
+            "inputs",
+            hidden[:3],
+            "no files whose names start with '_' or '.' (Spark skips "
+            f"them; {len(hidden)} found): rename them, or run add or dedup on them",
+        )
+    return listed
+
+
+def _read_lines(spark: Any, files: list[str]) -> DataFrame:
+    """``(line, file)`` rows of ``files``, cut at newlines only (Spark's text source also
+    cuts at a bare CR, which JSON allows inside a line and ``add`` does not cut at)."""
+    from pyspark.sql import functions as sf
+
+    if not files:  # an empty directory: no lines, as add reads none
+        return spark.createDataFrame([], "line string, file string")
+    return (
+        spark.read.option("lineSep", "\n")
+        .text(files)
+        .withColumnRenamed("value", "line")
+        .withColumn("file", sf.input_file_name())
     )
 
 
@@ -321,13 +366,18 @@ class Candidates:
     large_buckets: DataFrame
 
 
+def check_max_bucket(max_bucket: object) -> None:
+    """Refuse a ``max_bucket`` that is not an integer >= 2."""
+    if isinstance(max_bucket, bool) or not isinstance(max_bucket, int) or max_bucket < 2:
+        raise InvalidParameterError("max_bucket", max_bucket, "an integer >= 2")
+
+
 def candidate_pairs(docs: DataFrame, max_bucket: int = DEFAULT_MAX_BUCKET) -> Candidates:
     """Candidate pairs from shared band keys: all pairs in a bucket of at most
     ``max_bucket`` documents, and member-to-earliest pairs in larger buckets."""
     from pyspark.sql import functions as sf
 
-    if isinstance(max_bucket, bool) or not isinstance(max_bucket, int) or max_bucket < 2:
-        raise InvalidParameterError("max_bucket", max_bucket, "an integer >= 2")
+    check_max_bucket(max_bucket)
     entries = docs.select("ordinal", sf.posexplode("band_keys").alias("band", "key"))
     buckets = (
         entries.groupBy("band", "key")
