@@ -215,6 +215,13 @@ class _Checker:
             if name in meta and not (_is_int(meta[name]) and meta[name] >= 0):
                 self.add("meta", f"{name} is {meta[name]!r}, not a non-negative integer")
         next_id = meta.get("next_doc_id")
+        id_limit = self.store._band_layout.id_limit
+        if _is_int(next_id) and next_id > id_limit:
+            self.add(
+                "meta",
+                f"next_doc_id {next_id} is past the format's {id_limit:,} ids: every add "
+                "would be refused; export the store and import it into a new one",
+            )
         return next_id if _is_int(next_id) else None
 
     def config(self, value: object) -> None:
@@ -475,8 +482,10 @@ def _run_check(store: Store) -> tuple[int, list[Violation]]:
     return checker.checked, checker.found
 
 
-def _rederive(store: Store) -> Any:
-    """The repair's write operation (re-runnable after the map grows)."""
+def _rederive(store: Store, damaged: set[bytes]) -> Any:
+    """The repair's write operation (re-runnable after the map grows). ``damaged``: the
+    ids of records the check found unreadable, whose keys entries are kept (the record
+    cannot name its key, and removing the document needs it)."""
 
     def run(writer: WriteTxn) -> int:
         txn, env = writer.txn, store._require_env()
@@ -485,13 +494,18 @@ def _rederive(store: Store) -> Any:
                 txn.drop(env.open_db(name, txn=txn, create=False), delete=True)
             except lmdb.IncompatibleError:  # a plain key in the main DB, not a table
                 txn.delete(name)
+        _reset_bad_counters(store, txn)
+        naming: list[tuple[bytes, bytes]] = []
+        if damaged:
+            with txn.cursor(db=store._keys_db) as cursor:
+                naming = [(bytes(k), bytes(v)) for k, v in cursor if bytes(v) in damaged]
         txn.drop(store._keys_db, delete=False)
         if store._removed_db is not None:  # the bands are re-derived from docs alone
             txn.drop(store._removed_db, delete=False)
         for db in store._band_dbs:
             txn.drop(db, delete=False)
         num_perm, seed = store.config.num_perm, store.config.seed
-        next_id = store._read_meta(txn, "next_doc_id")
+        next_id = _meta_value(store, txn, "next_doc_id")
         next_id = next_id if _is_int(next_id) else 0
         restored = 0
         for batch in _table_batches(txn, store._docs_db):
@@ -506,8 +520,9 @@ def _rederive(store: Store) -> Any:
                     continue
                 if len(record.signature) != num_perm:
                     continue
-                # The first record of a key wins; a later duplicate stays reported.
-                txn.put(codec.key_index(raw, is_str), raw_id, db=store._keys_db, overwrite=False)
+                # The last record of a key (the newest) wins, as a replacement's record
+                # comes after the one it replaced; an older duplicate stays reported.
+                txn.put(codec.key_index(raw, is_str), raw_id, db=store._keys_db)
                 ids.append(raw_id)
                 sigs.append(record.signature)
                 next_id = max(next_id, codec.decode_id(raw_id) + 1)
@@ -517,10 +532,30 @@ def _rederive(store: Store) -> Any:
                     store._band_layout,
                 )  # fmt: skip
                 restored += len(ids)
+        for index, raw_id in naming:  # unless a readable record holds the key now
+            txn.put(index, raw_id, db=store._keys_db, overwrite=False)
         txn.put(b"next_doc_id", codec.pack_meta(next_id), db=store._meta_db)
         return restored
 
     return run
+
+
+def _meta_value(store: Store, txn: lmdb.Transaction, name: str) -> Any:
+    """A ``meta`` entry's value, or ``None`` when it is missing or does not decode."""
+    raw = txn.get(name.encode(), db=store._meta_db)
+    try:
+        return None if raw is None else codec.unpack_meta(raw)
+    except ValueError:
+        return None
+
+
+def _reset_bad_counters(store: Store, txn: lmdb.Transaction) -> None:
+    """Give ``commit_counter`` and ``map_size`` a value every commit can count on when
+    they are missing or not non-negative integers (the repair's own commit reads them)."""
+    for name, value in (("commit_counter", 0), ("map_size", store._map_size())):
+        current = _meta_value(store, txn, name)
+        if not (_is_int(current) and current >= 0):
+            txn.put(name.encode(), codec.pack_meta(value), db=store._meta_db)
 
 
 def check(store: Store, repair: bool = False) -> CheckReport:
@@ -549,7 +584,10 @@ def check(store: Store, repair: bool = False) -> CheckReport:
     damaged = any(v.kind == "structure" for v in found)
     if not (repair and found) or damaged:
         return CheckReport(checked, found, False, list(found))
-    operation = _rederive(store)
+    unreadable = {
+        codec.encode_id(v.doc_id) for v in found if v.kind in _UNREADABLE and v.doc_id is not None
+    }
+    operation = _rederive(store, unreadable)
     with store.write() as writer:
         writer._run(operation, writer)
     _, remaining = _run_check(store)

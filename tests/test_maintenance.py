@@ -363,7 +363,7 @@ CORRUPTIONS = [
     (_dangling_key_entry, {"key-orphan"}, True),
     (_stray_table, {"stray-table"}, True),
     (_next_id_too_low, {"doc-id"}, True),
-    (_id_beyond_the_format, {"doc-id"}, False),
+    (_id_beyond_the_format, {"doc-id", "meta"}, False),  # its next_doc_id is past them too
     (_flipped_byte, {"corrupt-record"}, False),
     (_short_signature, {"signature-length"}, False),
     (_stored_and_removed, {"removed-record"}, True),
@@ -471,6 +471,68 @@ def test_check_names_a_corrupt_records_key_and_its_advice_restores_the_store(
         text = corpus.documents["doc-0010"]
         damaged.add("doc-0010", text)
         assert damaged.check().ok and damaged.query(text)[0].key == "doc-0010"
+
+
+def test_a_repair_before_the_advice_keeps_the_damaged_records_key(
+    store: Store, corpus: DemoCorpus
+) -> None:
+    """A repair run first dropped the keys entry of the damaged record, the only place its
+    key was left: the advice went with it, the document could no longer be removed, and
+    the store could never pass check again (a review's finding)."""
+    path = store.path
+    store.close()
+    _flipped_byte(path)
+    with Store.open(path) as damaged:
+        repaired = damaged.check(repair=True)
+        (left,) = repaired.remaining
+        assert left.kind == "corrupt-record" and "key 'doc-0010': remove it" in left.detail
+        damaged.remove("doc-0010")
+        damaged.add("doc-0010", corpus.documents["doc-0010"])
+        assert damaged.check(repair=True).remaining == [] and damaged.check().ok
+
+
+@pytest.mark.parametrize("entry", ["commit_counter", "next_doc_id", "map_size"])
+def test_a_repair_rewrites_missing_bookkeeping_meta(store: Store, entry: str) -> None:
+    """check reported these as meta violations; check --repair then failed with a raw
+    TypeError (its own commit reads them, a review's finding)."""
+    path = store.path
+    documents = len(store)
+    store.close()
+    _delete(path, codec.META_DB, entry.encode())
+    with Store.open(path) as damaged:
+        assert damaged.check().kinds() == {"meta"}
+        assert damaged.check(repair=True).ok and damaged.check().ok
+        damaged.add("after-repair", "a document added once the store was repaired")
+        assert len(damaged) == documents + 1
+
+
+def test_a_repair_gives_a_key_held_by_two_records_to_the_newest(store: Store) -> None:
+    """The first record won, so a key whose replacement had left the old record behind
+    (an older bug's damage) went back to the stale version (a review's finding)."""
+    path = store.path
+    old_id = _doc_id_open(store, "doc-0007")
+    store.add("doc-0007", "the replacement text of this document", replace=True)
+    new_id = _doc_id_open(store, "doc-0007")
+    store.close()
+    with raw_env(path) as (env, dbs), env.begin() as txn:
+        old_record = bytes(txn.get(new_id, db=dbs[codec.DOCS_DB]))
+    _put(path, codec.DOCS_DB, old_id, old_record)  # a second record of the same key
+    with Store.open(path) as damaged:
+        damaged.check(repair=True)
+        assert _doc_id_open(damaged, "doc-0007") == new_id
+        assert damaged.get("doc-0007").signature.tolist() == (
+            damaged.hasher.signature("the replacement text of this document").tolist()
+        )
+
+
+def test_check_reports_a_next_doc_id_past_the_formats_ids(store: Store) -> None:
+    path = store.path
+    store.close()
+    limit = codec.band_layout(codec.FORMAT_VERSION).id_limit
+    _put(path, codec.META_DB, b"next_doc_id", codec.pack_meta(2 * limit))
+    with Store.open(path) as damaged:
+        (violation,) = damaged.check().violations
+        assert violation.kind == "meta" and "past the format's" in violation.detail
 
 
 @pytest.mark.parametrize("format_version", [4, 5])
