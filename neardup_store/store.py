@@ -108,6 +108,8 @@ DEFAULT_MAP_SIZE = 1 << 30
 """Initial map size (1 GiB of address space; the file only grows with its data)."""
 MIN_FREE_FRACTION = 0.25
 RESIZE_WAIT_S = 60.0
+OPEN_ATTEMPTS = 5
+"""How many times an open starts again when another process grows the map under it."""
 DEFAULT_MODE = 0o700
 """Permissions of a new store's directory; its files get the same without execute bits
 (0o600). Owner-only by default: a store holds the keys and metadata of private documents."""
@@ -320,6 +322,8 @@ class Store:
             )
         except lmdb.ReadersFullError:  # the limit is the lock file's, not max_readers
             raise TooManyReadersError(str(self.path), None) from None
+        except lmdb.MapResizedError:
+            raise  # another process grew the map meanwhile: the open is retried
         except lmdb.Error as err:
             if "already open in this process" in str(err):
                 if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
@@ -375,13 +379,28 @@ class Store:
     def _open_existing(
         self, asked: tuple[Any, ...], map_size: int | None, max_readers: int, create: bool
     ) -> None:
-        probe = self._open_env(4, map_size or DEFAULT_MAP_SIZE, max_readers)
-        try:
-            unfinished = _never_created(probe)
-            if not unfinished:
-                meta = self._read_all_meta(probe)
-        finally:
-            probe.close()
+        """Open a store whose data file exists. Another process growing the map while this
+        one reads (LMDB's MAP_RESIZED) is not damage: the open starts again, a few times."""
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                return self._open_existing_once(asked, map_size, max_readers, create)
+            except lmdb.MapResizedError:
+                self.close()
+                if attempt == OPEN_ATTEMPTS - 1:
+                    raise StoreBusyError(
+                        str(self.path),
+                        "open it",
+                        "while other processes keep growing its "
+                        "map; retry, or open it with a larger map_size",
+                    ) from None
+        return None
+
+    def _open_existing_once(
+        self, asked: tuple[Any, ...], map_size: int | None, max_readers: int, create: bool
+    ) -> None:
+        unfinished, meta = self._probe(map_size, max_readers)
+        if unfinished and not create and _wait_for_creator(self.path):
+            unfinished, meta = self._probe(map_size, max_readers)  # created meanwhile?
         if unfinished:
             # A process died while creating the store: nothing was committed, so there is
             # nothing to keep, and refusing would leave the directory unusable for good.
@@ -400,8 +419,20 @@ class Store:
                 generation=meta["banding"]["generation"],
                 format_version=meta["format_version"],
             )
+        except lmdb.MapResizedError:
+            raise
         except lmdb.Error as err:  # a table is missing or its record is damaged
             raise CorruptStoreError(str(self.path), f"LMDB cannot open its tables: {err}") from None
+
+    def _probe(self, map_size: int | None, max_readers: int) -> tuple[bool, dict[str, Any]]:
+        """``(unfinished creation, meta entries)`` read through a short-lived environment."""
+        probe = self._open_env(4, map_size or DEFAULT_MAP_SIZE, max_readers)
+        try:
+            if _never_created(probe):
+                return True, {}
+            return False, self._read_all_meta(probe)
+        finally:
+            probe.close()
 
     def _read_all_meta(self, env: lmdb.Environment) -> dict[str, Any]:
         path = str(self.path)
@@ -411,6 +442,8 @@ class Store:
                 raw = {bytes(k): bytes(v) for k, v in txn.cursor()}
         except lmdb.ReadersFullError:
             raise TooManyReadersError(path, int(env.info()["max_readers"])) from None
+        except lmdb.MapResizedError:
+            raise  # another process grew the map meanwhile: the open is retried
         except lmdb.NotFoundError:
             if self._names_store_tables(env):
                 raise CorruptStoreError(path, "its meta table is missing") from None
@@ -1201,6 +1234,8 @@ def _never_created(env: lmdb.Environment) -> bool:
         meta_db = env.open_db(codec.META_DB, create=False)
         with env.begin() as txn:
             return int(txn.stat(meta_db)["entries"]) == 0
+    except lmdb.MapResizedError:
+        raise  # another process grew the map meanwhile: the open is retried
     except lmdb.Error:
         return False
 
@@ -1232,7 +1267,9 @@ class _Reading:
 
     def __exit__(self, *exc_info: object) -> None:
         txn, self._txn = self._txn, None
-        if txn is None:
+        if txn is None or os.getpid() != self._store._pid:
+            # A child forked in the block must not end the parent's snapshot: LMDB's
+            # reader table is shared, and writers would reuse the pages it still reads.
             return
         try:
             reader, self._reader = self._reader, None
@@ -1243,6 +1280,22 @@ class _Reading:
                 txn.abort()
         finally:
             self._store._end_tracked()
+
+
+def _wait_for_creator(directory: Path) -> bool:
+    """Wait while another process creates the store at ``directory`` (it holds the
+    creation lock until its first commit). Returns whether there was a lock to wait on:
+    an open that meets a creation in progress waits for it, as it waits for any write,
+    instead of refusing a store that is about to exist."""
+    try:
+        fd = os.open(directory / CREATE_LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)  # closing releases the lock
+    return True
 
 
 @contextmanager
