@@ -16,7 +16,6 @@ results differ (another process committed in between), the transaction fails wit
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -825,7 +824,7 @@ class WriteTxn(ReadTxn):
     def _close_txn(self, commit: bool) -> None:
         self._close_cursors()
         txn, self._txn = self._txn, None
-        if txn is not None and os.getpid() == self._store._pid:  # never a parent's, forked
+        if txn is not None and not self._store._forked():  # never a parent's, forked
             if commit:
                 txn.commit()  # LMDB ends the transaction even when the commit fails
             else:
