@@ -1037,6 +1037,16 @@ def test_dedup_drops_lines_whose_key_is_already_stored(
     assert again.exit_code == 1  # dropped lines, key clashes included
 
 
+def _wait_for_documents(path: Path, count: int, timeout_s: float = 60) -> None:
+    """Wait until another process has committed ``count`` documents to the store."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        with Store.open(path, read_only=True) as opened:
+            if len(opened) >= count:
+                return
+
+
 def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -> None:
     """A real SIGINT to a real ingest: every batch before it is committed, nothing of the
     one in progress, and the command says how many batches were committed.
@@ -1045,9 +1055,6 @@ def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -
     the signal, and the last batch is half read when it arrives. The child gets SIGINT's
     default disposition, as a foreground command has: run from a shell's background job
     (``.ci/run &``), the suite inherits an ignored SIGINT, and so would the child."""
-    import signal
-    import time
-
     store = tmp_path / "s.ndx"
     Store.open(store, create=True, num_perm=32).close()
     process = subprocess.Popen(
@@ -1064,12 +1071,7 @@ def test_ctrl_c_during_add_keeps_committed_batches_and_says_so(tmp_path: Path) -
         words = " ".join(["alpha", "beta", "gamma", "delta", "eps"][(i + j) % 5] for j in range(60))
         process.stdin.write(json.dumps({"id": f"d{i:06d}", "text": f"{words} {i}"}) + "\n")
     process.stdin.flush()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        with Store.open(store, read_only=True) as opened:
-            if len(opened) >= 1000:
-                break
+    _wait_for_documents(store, 1000)
     time.sleep(0.2)  # let it read the half batch, and wait for more
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
@@ -1131,12 +1133,7 @@ def test_ctrl_c_during_import_exits_130_and_says_what_was_committed(tmp_path: Pa
     assert process.stdin is not None
     process.stdin.write(stream.getvalue()[: ends[10_100]])  # one batch of 10000 and some
     process.stdin.flush()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        with Store.open(target, read_only=True) as opened:
-            if len(opened) >= 10_000:
-                break
+    _wait_for_documents(target, 10_000)
     time.sleep(0.2)  # it reads the rest and waits for more
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)

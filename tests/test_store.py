@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lmdb
 import numpy as np
@@ -1953,6 +1953,59 @@ def _wait_until_blocked(pid: int, timeout_s: float = 30) -> None:
         steady = steady + 1 if wchan.read_text().startswith("futex") else 0
 
 
+_OURS, _THEIRS = "this process's text for the key", "the other process's text for this key"
+
+
+class _ContestedReplay(NamedTuple):
+    store: Store
+    writing: Any  # the write block's context manager, entered
+    txn: WriteTxn
+    other: subprocess.Popen[str]
+
+
+@contextlib.contextmanager
+def _replay_meeting_another_commit(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[_ContestedReplay]:
+    """A write block of this process, and another process (HOLD_WRITE) that adds
+    "contested" once told to: after the block's first operations, :func:`_replay` lets it
+    commit between the block's abort and its replay, and replays.
+
+    LMDB's write lock is not fair: left alone, this process often takes it back before
+    the woken one runs. So the growth step, which runs after the abort, waits until the
+    other process says it has committed; the replay then meets its write.
+    """
+    with Store.open(path, create=True) as store:
+        other = _python("-c", HOLD_WRITE, str(path))
+        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
+        grow_and_begin = store._grow_and_begin_write
+
+        def after_the_other_commits() -> lmdb.Transaction:
+            assert other.stdout is not None and other.stdout.readline().strip() == "committed"
+            return grow_and_begin()
+
+        monkeypatch.setattr(store, "_grow_and_begin_write", after_the_other_commits)
+        writing = store.write()
+        yield _ContestedReplay(store, writing, writing.__enter__(), other)
+        _finish(other)
+        assert list(store) == ["contested"] and store.check().ok
+        assert store.get("contested").signature.tolist() == (
+            store.hasher.signature(_THEIRS).tolist()
+        )
+
+
+def _replay(contested: _ContestedReplay) -> None:
+    """Let the other process add "contested" (it blocks on LMDB's write lock, which this
+    process holds), then do what a full map triggers: abort, grow, replay."""
+    other = contested.other
+    assert other.stdin is not None and other.stdout is not None
+    other.stdin.write("go\n")
+    other.stdin.flush()
+    assert other.stdout.readline().strip() == "adding"
+    _wait_until_blocked(other.pid)
+    contested.txn._redo_after_growth()
+
+
 @pytest.mark.parametrize("caught", [False, True])
 def test_replay_that_diverges_raises_conflict_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caught: bool
@@ -1965,44 +2018,19 @@ def test_replay_that_diverges_raises_conflict_and_writes_nothing(
     block's later operations and its end raise (the first operation is the one that
     failed to replay, so nothing was rewritten before the conflict; a review found that
     end passing silently as a transaction that wrote nothing).
-
-    LMDB's write lock is not fair: left alone, this process often takes it back before
-    the woken one runs. So the growth step, which runs after the abort, waits until the
-    other process says it has committed; the replay then meets its write.
     """
-    ours, theirs = "this process's text for the key", "the other process's text for this key"
-    with Store.open(tmp_path / "store", create=True) as store:
-        other = _python("-c", HOLD_WRITE, str(tmp_path / "store"))
-        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
-        grow_and_begin = store._grow_and_begin_write
-
-        def after_the_other_commits() -> lmdb.Transaction:
-            assert other.stdout is not None and other.stdout.readline().strip() == "committed"
-            return grow_and_begin()
-
-        monkeypatch.setattr(store, "_grow_and_begin_write", after_the_other_commits)
-        writing = store.write()
-        txn = writing.__enter__()
-        assert txn.add("contested", ours) is False
-        assert other.stdin is not None
-        other.stdin.write("go\n")
-        other.stdin.flush()
-        assert other.stdout.readline().strip() == "adding"
-        _wait_until_blocked(other.pid)  # on LMDB's write lock, which this process holds
+    with _replay_meeting_another_commit(tmp_path / "store", monkeypatch) as contested:
+        txn, writing = contested.txn, contested.writing
+        assert txn.add("contested", _OURS) is False
         with pytest.raises(TransactionConflictError, match="DuplicateKeyError") as conflict:
-            txn._redo_after_growth()  # what a full map triggers: abort, grow, replay
+            _replay(contested)
         if caught:
             with pytest.raises(TransactionAbortedError, match="TransactionConflictError"):
-                txn.add("later", ours)
+                txn.add("later", _OURS)
             with pytest.raises(TransactionAbortedError, match="TransactionConflictError"):
                 writing.__exit__(None, None, None)  # the block's clean end cannot commit
         else:  # the with block ends with the error: rolled back, and it propagates
             assert writing.__exit__(type(conflict.value), conflict.value, None) is False
-        _finish(other)
-        assert list(store) == ["contested"]
-        assert store.get("contested").signature.tolist() == (
-            store.hasher.signature(theirs).tolist()
-        )
 
 
 @pytest.mark.parametrize("first", ["add_many", "add_many_if_unique", "exact query", "in"])
@@ -2013,41 +2041,19 @@ def test_a_replay_checks_again_what_a_batch_add_or_a_read_decided(
     logged operations: a replay after another process's commit overwrote its key entry
     (two records for one key, one unreachable) or kept a decision its answer no longer
     supported (a review's finding). Each is now checked again, as add() was."""
-    ours, theirs = "this process's text for the key", "the other process's text for this key"
-    texts = {"contested": theirs}
-    with Store.open(tmp_path / "store", create=True) as store:
-        other = _python("-c", HOLD_WRITE, str(tmp_path / "store"))
-        assert other.stdout is not None and other.stdout.readline().strip() == "opened"
-        grow_and_begin = store._grow_and_begin_write
-
-        def after_the_other_commits() -> lmdb.Transaction:
-            assert other.stdout is not None and other.stdout.readline().strip() == "committed"
-            return grow_and_begin()
-
-        monkeypatch.setattr(store, "_grow_and_begin_write", after_the_other_commits)
-        writing = store.write()
-        txn = writing.__enter__()
+    with _replay_meeting_another_commit(tmp_path / "store", monkeypatch) as contested:
+        txn = contested.txn
         if first == "add_many":
-            assert txn.add_many([("contested", ours)]) == 1
+            assert txn.add_many([("contested", _OURS)]) == 1
         elif first == "add_many_if_unique":
-            assert txn.add_many_if_unique([("contested", ours)])[0].added
+            assert txn.add_many_if_unique([("contested", _OURS)])[0].added
         elif first == "exact query":
-            assert txn.query(theirs, exact=texts.__getitem__) == []
+            assert txn.query(_THEIRS, exact={"contested": _THEIRS}.__getitem__) == []
         else:
             assert "contested" not in txn
-        assert other.stdin is not None
-        other.stdin.write("go\n")
-        other.stdin.flush()
-        assert other.stdout.readline().strip() == "adding"
-        _wait_until_blocked(other.pid)
         with pytest.raises(TransactionConflictError) as conflict:
-            txn._redo_after_growth()
-        assert writing.__exit__(type(conflict.value), conflict.value, None) is False
-        _finish(other)
-        assert list(store) == ["contested"] and store.check().ok
-        assert store.get("contested").signature.tolist() == (
-            store.hasher.signature(theirs).tolist()
-        )
+            _replay(contested)
+        assert contested.writing.__exit__(type(conflict.value), conflict.value, None) is False
 
 
 def test_a_signature_array_reused_by_the_caller_does_not_change_what_was_added(
