@@ -747,17 +747,9 @@ class WriteTxn(ReadTxn):
         return self._run(super().__contains__, key)  # type: ignore[no-any-return]
 
     def _query_exact(
-        self,
-        texts: Sequence[object],
-        sigs: npt.NDArray[np.uint32],
-        threshold: float | None,
-        limit: int | None,
-        source: Callable[[Key], str],
-        encoding: str | None,
+        self, texts: Sequence[object], sigs: npt.NDArray[np.uint32], *options: Any
     ) -> list[list[Match]]:
-        return self._run(  # type: ignore[no-any-return]
-            super()._query_exact, list(texts), sigs.copy(), threshold, limit, source, encoding
-        )
+        return self._run(super()._query_exact, list(texts), sigs.copy(), *options)  # type: ignore[no-any-return]
 
     def _query_signatures(
         self, sigs: npt.NDArray[np.uint32], threshold: float | None, limit: int | None
