@@ -32,6 +32,7 @@ lines appended to an input after the job finished are read by the next run.
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
 import itertools
 import json
@@ -224,7 +225,7 @@ def read_inputs(
             anything is read, not by the iteration).
     """
     check_encoding(encoding)
-    if jsonl and "\n".encode(encoding) != b"\n":  # lines are cut at the byte 0x0a
+    if jsonl and not _newline_is_one_byte(encoding):
         raise InvalidParameterError(
             "encoding",
             encoding,
@@ -234,6 +235,14 @@ def read_inputs(
     if isinstance(include, str):
         include = (include,)
     return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)
+
+
+def _newline_is_one_byte(encoding: str) -> bool:
+    """Whether ``encoding`` writes a newline inside a text as the byte 0x0a, where JSON
+    lines are cut (a byte-order mark it writes first, as utf-8-sig does, aside)."""
+    encoder = codecs.getincrementalencoder(encoding)()
+    encoder.encode("x")
+    return encoder.encode("\n") == b"\n"
 
 
 def _read_inputs(
@@ -856,6 +865,8 @@ def _read_lines(
 def _parses(raw: bytes) -> bool:
     try:
         json.loads(raw)
+    except RecursionError:  # complete, too deep to read: a failed line, not an unfinished one
+        return True
     except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
         return False
     return True

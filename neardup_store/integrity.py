@@ -500,13 +500,15 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
             with txn.cursor(db=store._keys_db) as cursor:
                 naming = [(bytes(k), bytes(v)) for k, v in cursor if bytes(v) in damaged]
         txn.drop(store._keys_db, delete=False)
+        next_id = _meta_value(store, txn, "next_doc_id")
+        next_id = next_id if _is_int(next_id) else 0
         if store._removed_db is not None:  # the bands are re-derived from docs alone
+            next_id = max(next_id, _id_after(txn, store._removed_db, store))  # never reused
             txn.drop(store._removed_db, delete=False)
         for db in store._band_dbs:
             txn.drop(db, delete=False)
         num_perm, seed = store.config.num_perm, store.config.seed
-        next_id = _meta_value(store, txn, "next_doc_id")
-        next_id = next_id if _is_int(next_id) else 0
+        next_id = max(next_id, _id_after(txn, store._docs_db, store))  # readable or not
         restored = 0
         for batch in _table_batches(txn, store._docs_db):
             ids, sigs = [], []
@@ -525,7 +527,6 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
                 txn.put(codec.key_index(raw, is_str), raw_id, db=store._keys_db)
                 ids.append(raw_id)
                 sigs.append(record.signature)
-                next_id = max(next_id, codec.decode_id(raw_id) + 1)
             if ids:
                 _fill_bands(
                     txn, store._band_dbs, ids, np.stack(sigs), store.banding, seed,
@@ -538,6 +539,21 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
         return restored
 
     return run
+
+
+def _id_after(txn: lmdb.Transaction, db: Any, store: Store) -> int:
+    """One more than the highest document id ``db`` holds (ids are its keys, in order),
+    among those the format can hold; 0 if none."""
+    limit = store._band_layout.id_limit
+    with txn.cursor(db=db) as cursor:
+        if not cursor.last():
+            return 0
+        while True:
+            raw_id = bytes(cursor.key())
+            if len(raw_id) == 8 and codec.decode_id(raw_id) < limit:
+                return codec.decode_id(raw_id) + 1
+            if not cursor.prev():
+                return 0
 
 
 def _meta_value(store: Store, txn: lmdb.Transaction, name: str) -> Any:

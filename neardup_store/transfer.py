@@ -84,7 +84,9 @@ def export_file(
 ) -> int:
     """:func:`export` into a file, which appears whole or not at all: the stream goes to a
     temporary file beside ``path``, synced and renamed over it once complete, and is deleted
-    if the export fails or is interrupted.
+    if the export fails or is interrupted. A path that is no regular file (a named pipe,
+    ``/dev/stdout``, a shell's ``>(...)``) is written as it is: a reader there sees the
+    end marker or knows the stream was cut short.
 
     Raises:
         InvalidParameterError: ``path`` lies inside the store's directory (writing there
@@ -96,6 +98,12 @@ def export_file(
         raise InvalidParameterError("path", str(target), "a file outside the store's directory")
     if target.is_dir():
         raise InvalidParameterError("path", str(target), "a file, not a directory")
+    if target.exists() and not target.is_file():  # a pipe or a device: streamed into as is
+        try:
+            with target.open("wb") as out:
+                return export(store, out, progress)
+        except OSError as err:
+            raise OutputWriteError(str(target), err.strerror or str(err)) from err
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
         with partial.open("wb") as out:

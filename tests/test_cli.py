@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -554,6 +556,29 @@ def test_export_into_the_store_is_refused_and_a_failed_export_leaves_no_file(
     assert full.returncode == 2 and full.stderr.count("Traceback") == 0
     assert full.stderr.startswith(f"Error: {out}: cannot write it (File too large)")
     assert list(out.parent.iterdir()) == []  # neither the export nor its partial file
+
+
+def test_export_streams_into_a_named_pipe(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    """Writing a temporary file and renaming it over OUT replaced a named pipe with a
+    regular file (its reader got nothing and hung) and broke ``>(...)`` and /dev/stdout
+    (a review of the export fix). A path that is no regular file is streamed into."""
+    import threading
+
+    fifo = tmp_path / "export.pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = _run(runner, "export", store_path, fifo)
+    reader.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    with Store.open(store_path) as store:
+        expected = io.BytesIO()
+        store.export(expected)
+    assert received == [expected.getvalue()]
 
 
 def test_export_to_an_unwritable_path_is_an_input_error(

@@ -334,6 +334,28 @@ def test_dedup_refuses_outputs_that_would_destroy_a_file_it_needs(
     assert not (out / "keep.jsonl").exists() or clash == "keep in the store"
 
 
+def test_json_lines_in_utf8_sig_are_read(tmp_path: Path) -> None:
+    """The check that a newline is the byte 0x0a encoded it alone, byte-order mark
+    included, and refused utf-8-sig, the usual way to read files that start with one."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(
+        '{"id": "a", "text": "café au lait"}\n{"id": "b", "text": "x"}\n'.encode("utf-8-sig")
+    )
+    records = list(read_inputs([path], jsonl=True, encoding="utf-8-sig"))
+    assert [(r.key, r.text) for r in records] == [("a", "café au lait"), ("b", "x")]
+
+
+def test_dedup_reads_a_last_line_too_deep_to_parse_as_one_failure(
+    store: Store, archive: Path, archive_lines: list[str]
+) -> None:
+    """Without a final newline, the check for an unfinished line met RecursionError and
+    the run died on it, every time (a review of the nesting fix)."""
+    archive.write_text("\n".join(archive_lines[:5]) + "\n" + "[" * 100_000 + "]" * 100_000)
+    report = _dedup(store, archive, archive.parent)
+    assert [(f.line, f.error) for f in report.failed] == [(6, "RecursionError")]
+    assert report.held_back_bytes == 0
+
+
 def test_dedup_keeps_first_of_each_planted_group(store: Store, archive: Path) -> None:
     corpus = make_corpus(120, 12, seed=1)
     out = archive.parent

@@ -506,6 +506,24 @@ def test_a_repair_rewrites_missing_bookkeeping_meta(store: Store, entry: str) ->
         assert len(damaged) == documents + 1
 
 
+def test_a_repair_never_hands_out_the_id_of_a_record_it_cannot_read(store: Store) -> None:
+    """With next_doc_id missing, the repair took the next id from the readable records
+    only: the next add reused the id of a damaged newest record, and the document it
+    added could not be read back (a review of the repair's fix)."""
+    path = store.path
+    store.add("newest", "the newest document of the store, soon damaged")
+    newest = _doc_id_open(store, "newest")
+    store.close()
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        txn.put(newest, b"\x01\x00", db=dbs[codec.DOCS_DB])  # shorter than a header
+        txn.delete(b"next_doc_id", db=dbs[codec.META_DB])
+    with Store.open(path) as damaged:
+        damaged.check(repair=True)
+        damaged.add("after", "a document added once the store was repaired")
+        assert damaged.get("after").key == "after"
+        assert codec.decode_id(_doc_id_open(damaged, "after")) > codec.decode_id(newest)
+
+
 def test_a_repair_gives_a_key_held_by_two_records_to_the_newest(store: Store) -> None:
     """The first record won, so a key whose replacement had left the old record behind
     (an older bug's damage) went back to the stale version (a review's finding)."""

@@ -522,6 +522,20 @@ def test_files_of_a_directory_rank_in_the_order_add_walks_them(tmp_path: Path) -
     assert [uri for _, uri in sorted(((0, uri) for uri in walked[::-1]), key=_file_order)] == walked
 
 
+def test_a_directory_spark_wrote_is_read_without_its_bookkeeping_files(tmp_path: Path) -> None:
+    """_SUCCESS and .crc files beside Spark's output (spark-dedup's own kept/) made the
+    check for files Spark skips refuse the whole directory (a review of that check)."""
+    from neardup_store.spark.pipeline import _files_of
+
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / ".part-00000.txt.crc").write_bytes(b"crc")
+    (tmp_path / "part-00000.txt").write_text('{"id": "a", "text": "a kept line"}\n')
+    assert _files_of([str(tmp_path)]) == [[str(tmp_path / "part-00000.txt")]]
+    (tmp_path / "_other.jsonl").write_text('{"id": "b", "text": "Spark would skip it"}\n')
+    with pytest.raises(InvalidParameterError, match=r"_other\.jsonl"):
+        _files_of([str(tmp_path)])
+
+
 def test_spark_dedup_takes_every_parameter_init_takes(
     spark: Any, corpus: dict[str, Any], tmp_path: Path
 ) -> None:

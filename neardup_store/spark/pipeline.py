@@ -275,7 +275,8 @@ def _files_of(paths: list[str]) -> list[list[str]]:
     for path in paths:
         local = Path(path) if "://" not in path else None
         if local is not None and local.is_dir():
-            listed.append([str(file) for file in walk_directory(local, ("*",))])
+            files = walk_directory(local, ("*",))
+            listed.append([str(f) for f in files if not _hadoop_bookkeeping(f.name)])
         else:
             listed.append([path])
     hidden = [f for files in listed for f in files if "://" not in f and Path(f).name[:1] in "_."]
@@ -287,6 +288,13 @@ def _files_of(paths: list[str]) -> list[list[str]]:
             f"them; {len(hidden)} found): rename them, or run add or dedup on them",
         )
     return listed
+
+
+def _hadoop_bookkeeping(name: str) -> bool:
+    """Files Spark and Hadoop write beside their output (``_SUCCESS``, ``.*.crc``): no
+    input, left out of a directory as Spark leaves them out (spark-dedup's own ``kept/``
+    is such a directory)."""
+    return name == "_SUCCESS" or (name.startswith(".") and name.endswith(".crc"))
 
 
 def _read_lines(spark: Any, files: list[str]) -> DataFrame:
