@@ -30,7 +30,7 @@ from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .params import StoreParams, resolve_params, valid_threshold
-from .store import UNFINISHED_CREATION, Store
+from .store import UNFINISHED_CREATION, Store, holds_store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding
 from .txn import Match
 
@@ -210,14 +210,19 @@ class _Query:
         return ingest.Failure(self.source, reason, self.file, self.line, self.qid, error)
 
 
+def _stream_name(stream: IO[bytes]) -> str:
+    """How failures name a binary input stream (stdin's bytes may have no name)."""
+    name = getattr(stream, "name", None)
+    return name if isinstance(name, str) else "<stdin>"
+
+
 def _read_jsonl(
     stream: IO[bytes], id_field: str, text_field: str
 ) -> tuple[list[_Query], list[ingest.Failure]]:
     """The queries of a JSON-lines stream (the id defaults to the line number), and a
     failure, located by ``file:line``, for each line that is not one: as in ``add``, a bad
     line (not UTF-8, not JSON, no text) does not stop the others."""
-    name = getattr(stream, "name", None)
-    name = name if isinstance(name, str) else "<stdin>"  # stdin's bytes may have no name
+    name = _stream_name(stream)
     queries: list[_Query] = []
     failed: list[ingest.Failure] = []
     for number, raw in enumerate(stream, 1):
@@ -361,14 +366,7 @@ def init(path: str, mode: str, as_json: bool, **params_options: Any) -> None:
         permissions = int(mode, 8)
     except ValueError:
         raise InputError(f"--mode {mode!r} is not an octal number such as 700 or 750") from None
-    try:
-        Store.open(path, read_only=True).close()
-    except StoreNotFoundError:
-        pass
-    except NotAStoreError as err:
-        if err.found != UNFINISHED_CREATION:  # else a killed init: creating it goes on
-            raise
-    else:
+    if holds_store(path):  # a killed init's leftovers are none: creating it goes on
         raise InputError(f"{path}: a store already exists here; init only creates new stores")
     asked = _params_from(params_options)
     with Store.open(path, create=True, mode=permissions, **asked.open_options()) as store:
@@ -1013,8 +1011,7 @@ def remove(
 
 def _key_lines(stream: IO[bytes]) -> list[str]:
     """The keys of a file, one a line (blank lines skipped), each checked to be UTF-8."""
-    name = getattr(stream, "name", None)
-    name = name if isinstance(name, str) else "<stdin>"
+    name = _stream_name(stream)
     keys = []
     for number, raw in enumerate(stream, 1):
         try:

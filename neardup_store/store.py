@@ -1286,6 +1286,25 @@ class _Reading:
             self._store._end_tracked()
 
 
+def holds_store(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a store whose creation committed: nothing there, or what a
+    creation killed before its first commit left (which ``Store.open(create=True)`` goes
+    on with), is none.
+
+    Raises:
+        NotAStoreError: something else is there; StoreBusyError: this process has it open.
+    """
+    try:
+        Store.open(path, read_only=True).close()
+    except StoreNotFoundError:
+        return False
+    except NotAStoreError as err:
+        if err.found == UNFINISHED_CREATION:
+            return False
+        raise
+    return True
+
+
 def _wait_for_creator(directory: Path) -> bool:
     """Wait while another process creates the store at ``directory`` (it holds the
     creation lock until its first commit). Returns whether there was a lock to wait on:

@@ -29,16 +29,14 @@ from .errors import (
     InvalidParameterError,
     InvalidStreamError,
     NeardupError,
-    NotAStoreError,
     OutputWriteError,
     StoreBusyError,
-    StoreNotFoundError,
     check_flags,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import STORE_FILES, UNFINISHED_CREATION, Store, _placed, batches, check_batch_size
+from .store import STORE_FILES, Store, _placed, batches, check_batch_size, holds_store
 
 if TYPE_CHECKING:
     from .txn import Key
@@ -98,24 +96,21 @@ def export_file(
         raise InvalidParameterError("path", str(target), "a file outside the store's directory")
     if target.is_dir():
         raise InvalidParameterError("path", str(target), "a file, not a directory")
-    if target.exists() and not target.is_file():  # a pipe or a device: streamed into as is
-        try:
-            with target.open("wb") as out:
-                return export(store, out, progress)
-        except OSError as err:
-            raise OutputWriteError(str(target), err.strerror or str(err)) from err
-    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    streamed = target.exists() and not target.is_file()  # a pipe or a device: as it is
+    written = target if streamed else target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
-        with partial.open("wb") as out:
+        with written.open("wb") as out:
             count = export(store, out, progress)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, target)
-    except OSError as err:
-        partial.unlink(missing_ok=True)
-        raise OutputWriteError(str(target), err.strerror or str(err)) from err
-    except BaseException:
-        partial.unlink(missing_ok=True)
+            if not streamed:
+                out.flush()
+                os.fsync(out.fileno())
+        if not streamed:
+            os.replace(written, target)
+    except BaseException as err:
+        if not streamed:
+            written.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OutputWriteError(str(target), err.strerror or str(err)) from err
         raise
     return count
 
@@ -407,16 +402,11 @@ def _refuse_a_store_at(path: str | os.PathLike[str]) -> None:
     """Refuse a path that holds a store. A creation killed before its first commit left
     none (Store.open with create=True goes on with it), nor does a path with nothing."""
     try:
-        Store.open(path, read_only=True).close()
-    except StoreNotFoundError:
-        return
-    except NotAStoreError as err:
-        if err.found == UNFINISHED_CREATION:
-            return
-        raise
+        found = holds_store(path)
     except StoreBusyError:  # open in this process already: a store is there
-        pass
-    raise InvalidParameterError("path", str(path), "a directory without a store")
+        found = True
+    if found:
+        raise InvalidParameterError("path", str(path), "a directory without a store")
 
 
 def _first_missing(path: Path) -> Path | None:
