@@ -16,6 +16,7 @@ results differ (another process committed in between), the transaction fails wit
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 import lmdb
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from . import _faults, codec
 from .errors import (
@@ -31,6 +33,7 @@ from .errors import (
     IdsExhaustedError,
     InvalidParameterError,
     KeyNotFoundError,
+    NeardupError,
     StoreClosedError,
     TransactionAbortedError,
     TransactionConflictError,
@@ -735,16 +738,51 @@ class WriteTxn(ReadTxn):
         return cache.ready_for(self._live, self._live.id() - 1)
 
     # Reads inside a write transaction are logged too: after a replay they must still say
-    # what the caller based its writes on. (Not the key iterator, whose rows are read as
-    # the caller goes: a replay ends it, StoreClosedError.)
+    # what the caller based its writes on. Keys are logged as values the caller cannot
+    # change (a bytearray it reuses would make the replay ask for another key).
     def get(self, key: Key) -> Document:
-        return self._run(super().get, key)  # type: ignore[no-any-return]
+        return self._run(super().get, _frozen_key(key))  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         return self._run(super().__len__)  # type: ignore[no-any-return]
 
     def __contains__(self, key: object) -> bool:
-        return self._run(super().__contains__, key)  # type: ignore[no-any-return]
+        return self._run(super().__contains__, _frozen_key(key))  # type: ignore[no-any-return]
+
+    def awaiting_purge(self) -> int:
+        return self._run(super().awaiting_purge)  # type: ignore[no-any-return]
+
+    def keys(self) -> Iterator[Key]:
+        # Its rows are read as the caller goes, so the log holds one entry, at the place
+        # the iteration began, that grows with them: a replay reads the keys read so far
+        # again (and, if the caller read to the end, that no more follow). A replay ends
+        # the iterator itself (StoreClosedError on its next row).
+        if self._operating:
+            yield from ReadTxn.keys(self)
+            return
+        read = _KeysRead()
+        self._log.append((self._keys_read_again, (read,), {}, "the same"))
+        for key in ReadTxn.keys(self):
+            read.add(key)
+            yield key
+        read.ended = True
+
+    __iter__ = keys
+
+    def _keys_read_again(self, read: _KeysRead) -> str:
+        """Whether the keys ``read`` holds are still this snapshot's first ones (and, if
+        the iterator ended, its only ones): ``"the same"`` or what differs."""
+        again = _KeysRead()
+        rows = ReadTxn.keys(self)
+        for key in itertools.islice(rows, read.count):
+            again.add(key)
+        if again.count != read.count:
+            return f"{again.count} keys where the block read {read.count}"
+        if again.digest.intdigest() != read.digest.intdigest():
+            return f"other keys among the first {read.count} the block read"
+        if read.ended and next(rows, None) is not None:
+            return f"more keys than the {read.count} the block read to the end"
+        return "the same"
 
     def _query_exact(
         self, texts: Sequence[object], sigs: npt.NDArray[np.uint32], *options: Any
@@ -772,6 +810,11 @@ class WriteTxn(ReadTxn):
             except lmdb.MapFullError:
                 self._redo_after_growth()
                 continue
+            except NeardupError as err:
+                # A refusal (a key absent or taken) is an answer the caller may act on: a
+                # replay must meet it again. (One that poisoned the block never commits.)
+                self._log.append((operation, args, kwargs, _Refusal.of(err)))
+                raise
             finally:
                 self._operating -= 1
             self._log.append((operation, args, kwargs, _fingerprint(result)))
@@ -798,9 +841,13 @@ class WriteTxn(ReadTxn):
             except lmdb.MapFullError:
                 return self._redo_after_growth()
             except Exception as err:
+                if isinstance(err, NeardupError) and _Refusal.of(err) == expected:
+                    continue  # refused again, as it was the first time
                 self._refuse_replay(f"{type(err).__name__}: {err}", err)
             finally:
                 self._operating -= 1
+            if isinstance(expected, _Refusal):
+                self._refuse_replay(f"{operation.__name__} no longer raises {expected.error}")
             if again != expected:
                 self._refuse_replay(f"{operation.__name__} returned {again!r}")
         return None
@@ -1146,14 +1193,14 @@ class WriteTxn(ReadTxn):
         self._store._check_writable()
         check_flags(missing_ok=missing_ok)
         codec.key_bytes(key)
-        return bool(self._run(self._remove_one, key, missing_ok))
+        return bool(self._run(self._remove_one, _frozen_key(key), missing_ok))
 
     def remove_many(self, keys: Iterable[Key], *, missing_ok: bool = False) -> int:
         """Remove many documents; returns how many were removed."""
         self._store._check_writable()
         check_batch(keys, *KEYS)
         check_flags(missing_ok=missing_ok)
-        keys = list(keys)
+        keys = [_frozen_key(key) for key in keys]
         for key in keys:
             codec.key_bytes(key)
         return int(self._run(self._remove_found, keys, missing_ok))
@@ -1389,6 +1436,39 @@ def document_item(entry: object, second: str = "text") -> tuple[object, object, 
             expected += "; pair an array's rows with keys: zip(keys, signatures)"
         raise InvalidParameterError("item", entry, expected)
     return (entry[0], entry[1], entry[2] if len(entry) == 3 else None)
+
+
+def _frozen_key(key: object) -> object:
+    """``key`` as a value its caller cannot change afterwards (for the operation log)."""
+    return bytes(key) if isinstance(key, (bytearray, memoryview)) else key
+
+
+class _Refusal(NamedTuple):
+    """What the log keeps of an operation that raised: a replay must raise the same."""
+
+    error: str
+    message: str
+
+    @classmethod
+    def of(cls, err: BaseException) -> _Refusal:
+        return cls(type(err).__name__, str(err))
+
+
+class _KeysRead:
+    """The keys a key iterator has yielded so far: their count and a digest of them."""
+
+    __slots__ = ("count", "digest", "ended")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.digest = xxhash.xxh64()
+        self.ended = False
+
+    def add(self, key: Key) -> None:
+        raw = key.encode("utf-8") if isinstance(key, str) else key
+        self.digest.update(struct.pack("<I?", len(raw), isinstance(key, str)))
+        self.digest.update(raw)
+        self.count += 1
 
 
 def _fingerprint(result: Any) -> Any:

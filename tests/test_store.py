@@ -1938,7 +1938,10 @@ with Store.open(sys.argv[1]) as store:
     print("opened", flush=True)
     sys.stdin.readline()
     print("adding", flush=True)
-    store.add("contested", "the other process's text for this key")
+    if len(sys.argv) > 2:
+        exec(sys.argv[2])
+    else:
+        store.add("contested", "the other process's text for this key")
     print("committed", flush=True)
 """
 
@@ -1965,18 +1968,22 @@ class _ContestedReplay(NamedTuple):
 
 @contextlib.contextmanager
 def _replay_meeting_another_commit(
-    path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path, monkeypatch: pytest.MonkeyPatch, theirs: tuple[str, ...] = ()
 ) -> Iterator[_ContestedReplay]:
     """A write block of this process, and another process (HOLD_WRITE) that adds
-    "contested" once told to: after the block's first operations, :func:`_replay` lets it
-    commit between the block's abort and its replay, and replays.
+    "contested" (or runs the statement ``theirs``, after this process has added
+    "contested" and removed it) once told to: after the block's first operations,
+    :func:`_replay` lets it commit between the block's abort and its replay, and replays.
 
     LMDB's write lock is not fair: left alone, this process often takes it back before
     the woken one runs. So the growth step, which runs after the abort, waits until the
     other process says it has committed; the replay then meets its write.
     """
     with Store.open(path, create=True) as store:
-        other = _python("-c", HOLD_WRITE, str(path))
+        if theirs:
+            store.add("contested", _OURS)
+            store.remove("contested")
+        other = _python("-c", HOLD_WRITE, str(path), *theirs)
         assert other.stdout is not None and other.stdout.readline().strip() == "opened"
         grow_and_begin = store._grow_and_begin_write
 
@@ -1988,7 +1995,10 @@ def _replay_meeting_another_commit(
         writing = store.write()
         yield _ContestedReplay(store, writing, writing.__enter__(), other)
         _finish(other)
-        assert list(store) == ["contested"] and store.check().ok
+        assert store.check().ok
+        if theirs:
+            return
+        assert list(store) == ["contested"]
         assert store.get("contested").signature.tolist() == (
             store.hasher.signature(_THEIRS).tolist()
         )
@@ -2054,6 +2064,70 @@ def test_a_replay_checks_again_what_a_batch_add_or_a_read_decided(
         with pytest.raises(TransactionConflictError) as conflict:
             _replay(contested)
         assert contested.writing.__exit__(type(conflict.value), conflict.value, None) is False
+
+
+@pytest.mark.parametrize("read", ["get", "remove", "keys", "iteration", "awaiting_purge"])
+def test_a_replay_checks_again_a_refusal_and_every_other_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    """A read whose answer the block may act on must give the same answer in a replay,
+    or the replay conflicts. A review found three that did not: a refusal (get or remove
+    raising KeyNotFoundError, which the caller caught: failed operations were not
+    logged), the key iterator read to the end, and awaiting_purge(). Each let a block
+    commit a decision that another process's commit had made wrong."""
+    theirs = ("store.purge()",) if read == "awaiting_purge" else ()
+    with _replay_meeting_another_commit(tmp_path / "store", monkeypatch, theirs) as contested:
+        txn = contested.txn
+        if read in ("get", "remove"):
+            with pytest.raises(KeyNotFoundError):
+                getattr(txn, read)("contested")
+        elif read == "keys":
+            assert list(txn.keys()) == []
+        elif read == "iteration":
+            assert [key for key in txn] == []
+        else:
+            assert txn.awaiting_purge() == 1
+        with pytest.raises(TransactionConflictError) as conflict:
+            _replay(contested)
+        assert contested.writing.__exit__(type(conflict.value), conflict.value, None) is False
+
+
+def test_a_replay_meeting_the_same_refusal_goes_on(tmp_path: Path) -> None:
+    """A refusal the replay meets again is the same answer: the block commits."""
+    rng = np.random.default_rng(8)
+    with Store.open(tmp_path / "s", create=True, num_perm=64, map_size=1 << 16) as store:
+        epoch = store.map_epoch
+        with store.write() as txn:
+            with pytest.raises(KeyNotFoundError):
+                txn.remove("absent")
+            partial = iter(txn)
+            assert next(partial, None) is None
+            sigs = rng.integers(0, 2**32, size=(300, 64), dtype=np.uint32)
+            txn.add_signatures([(f"k{i}", s, {"p": "x" * 200}) for i, s in enumerate(sigs)])
+        assert store.map_epoch > epoch and len(store) == 300
+
+
+def test_a_key_buffer_reused_by_the_caller_does_not_change_what_was_removed(
+    tmp_path: Path,
+) -> None:
+    """remove(bytearray) logged the caller's buffer: a replay after a map growth removed
+    whatever key the buffer held by then, and kept the one asked for (a review's
+    finding)."""
+    rng = np.random.default_rng(7)
+    with Store.open(tmp_path / "s", create=True, num_perm=64, map_size=1 << 16) as store:
+        store.add_signatures(
+            [(f"doc-{i}".encode(), rng.integers(0, 2**32, 64, dtype=np.uint32)) for i in range(9)]
+        )
+        epoch, buffer = store.map_epoch, bytearray(b"doc-0")
+        with store.write() as txn:
+            assert txn.remove(buffer) is True
+            assert txn.remove_many([buffer], missing_ok=True) == 0
+            buffer[:] = b"doc-5"
+            sigs = rng.integers(0, 2**32, size=(300, 64), dtype=np.uint32)
+            txn.add_signatures([(f"new-{i}", s, {"p": "x" * 200}) for i, s in enumerate(sigs)])
+        assert store.map_epoch > epoch
+        assert b"doc-0" not in store and b"doc-5" in store
+        assert store.check().ok
 
 
 def test_a_signature_array_reused_by_the_caller_does_not_change_what_was_added(
