@@ -324,16 +324,16 @@ class _Readers:
     oldest_pid: int | None
 
 
-def _readers(env: lmdb.Environment) -> _Readers:
+def _readers(store: Store) -> _Readers:
     """Reader slots in use, those holding a snapshot, and the oldest snapshot's lag behind
     the last commit, from ``env.readers()``."""
-    rows = [line.split() for line in env.readers().splitlines()[1:]]
+    rows = [line.split() for line in store._require_env().readers().splitlines()[1:]]
     rows = [row for row in rows if len(row) == 3]  # pid, thread, txnid (or "-")
     held = sorted((int(txnid), int(pid)) for pid, _, txnid in rows if txnid != "-")
     if not held:
         return _Readers(len(rows), 0, 0, None)
     oldest, pid = held[0]
-    lag = max(0, int(env.info()["last_txnid"]) - oldest)
+    lag = max(0, int(store._env_info()["last_txnid"]) - oldest)
     return _Readers(len(rows), len(held), lag, pid)
 
 
@@ -361,12 +361,12 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
     """
     if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
         raise InvalidParameterError("largest", largest, "a non-negative integer")
-    env = store._require_env()
+    store._require_env()  # a closed store fails here, before anything is read
     store._sweep_readers(force=True)  # report live readers, not killed ones
-    readers = _readers(env)
+    readers = _readers(store)
     with store.read() as reader:
         txn = reader.txn
-        info, page_size = env.info(), int(env.stat()["psize"])
+        info, page_size = store._env_info(), store._page_size()
         used_pages = _table_pages(store, txn)
         bands: list[BandStats] = []
         heap: list[tuple[int, int, bytes]] = []  # (size, -band, band key): the smallest on top
@@ -576,7 +576,7 @@ def compact(
     data = store.path / "data.mdb"
     if dry_run:
         with store.read() as reader:
-            page_size = int(store._require_env().stat()["psize"])
+            page_size = store._page_size()
             pages = _META_PAGES + _table_pages(store, reader.txn)
         return CompactReport(data.stat().st_size, pages * page_size, dry_run=True)
     with _exclusive(store, "compact"):
@@ -663,7 +663,7 @@ def _copy(
                 txn = stack.enter_context(env.begin())
             copy = lmdb.open(
                 str(target),
-                map_size=int(env.info()["map_size"]),
+                map_size=store._map_size(),
                 max_dbs=_max_dbs(store.banding.bands),
                 sync=False,  # synced once at the end
                 lock=False,  # a private scratch directory

@@ -627,7 +627,7 @@ class Store:
             except lmdb.ReadersFullError:
                 if attempt:
                     raise TooManyReadersError(
-                        str(self.path), int(env.info()["max_readers"])
+                        str(self.path), int(self._env_info()["max_readers"])
                     ) from None
                 env.reader_check()
         return env.begin(write=write)
@@ -824,9 +824,20 @@ class Store:
             return f"the disk holding the store has {blocks * disk.f_frsize} bytes free"
         return None
 
-    def _used_bytes(self) -> int:
+    def _env_info(self) -> dict[str, int]:
+        """LMDB's ``env.info()``, with the lock a map growth holds: asked while another
+        thread's ``set_mapsize`` ran, py-lmdb failed it (``Invalid argument``)."""
         env = self._require_env()
-        return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+        with self._readers_lock:
+            return env.info()  # type: ignore[no-any-return]
+
+    def _page_size(self) -> int:
+        env = self._require_env()
+        with self._readers_lock:  # as in _env_info
+            return int(env.stat()["psize"])
+
+    def _used_bytes(self) -> int:
+        return (int(self._env_info()["last_pgno"]) + 1) * self._page_size()
 
     def _ensure_headroom(self) -> None:
         size = self._map_size()
@@ -838,7 +849,7 @@ class Store:
         return self._begin(write=True)
 
     def _map_size(self) -> int:
-        return int(self._require_env().info()["map_size"])
+        return int(self._env_info()["map_size"])
 
     def _seal_meta(self, txn: lmdb.Transaction, meta_db: Any = None) -> None:
         """Record :func:`codec.meta_checksum` after a sealed ``meta`` entry was written."""
