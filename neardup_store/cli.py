@@ -31,7 +31,7 @@ from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .params import StoreParams, resolve_params, valid_threshold
 from .store import UNFINISHED_CREATION, Store, holds_store
-from .text import SHINGLE_KINDS, ShingleConfig, check_encoding
+from .text import SHINGLE_KINDS, ShingleConfig, check_encoding, decode_text
 from .txn import Match
 
 
@@ -187,11 +187,15 @@ def _read_text(path: str, encoding: str) -> str:
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
     try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as err:
+        return decode_text(data, encoding)
+    except UnicodeError as err:
+        where = (
+            f"byte 0x{data[err.start]:02x} at offset {err.start}"
+            if isinstance(err, UnicodeDecodeError)
+            else str(err)  # idna and punycode say no more
+        )
         raise InputError(
-            f"{path}: not valid {encoding} (byte 0x{data[err.start]:02x} at offset "
-            f"{err.start}); pass --encoding with the file's encoding"
+            f"{path}: not valid {encoding} ({where}); pass --encoding with the file's encoding"
         ) from None
 
 

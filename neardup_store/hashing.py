@@ -20,6 +20,8 @@ array arithmetic silently; no platform-dependent width or byte order is involved
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import numpy.typing as npt
 
@@ -92,19 +94,51 @@ def derive_keys(seed: int, domain: str, count: int) -> npt.NDArray[np.uint64]:
     return np.array(_splitmix64(start, count), dtype=np.uint64)
 
 
+POWER_TABLE_LIMIT = 1 << 20
+"""Most powers the shared table keeps (16 bytes each); longer calls build their own."""
+
+_Powers = tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
+
+
 class _PowerTable:
-    """Cached powers ``POLY_BASE**j`` and ``POLY_BASE**-j`` (mod 2**64), grown on demand."""
+    """Cached powers ``POLY_BASE**j`` and ``POLY_BASE**-j`` (mod 2**64), grown on demand.
+
+    Both arrays are published together as one tuple, replaced (never changed) under a
+    lock, so a thread signing while another grows the table never pairs one size's
+    forward powers with another's inverse ones. The table stops at
+    :data:`POWER_TABLE_LIMIT`: one long document must not leave its size in memory for
+    the life of the process.
+    """
 
     def __init__(self) -> None:
-        self.forward = np.ones(1, dtype=np.uint64)
-        self.inverse = np.ones(1, dtype=np.uint64)
+        self._lock = threading.Lock()
+        self.pair: _Powers = _power_pair(1)
 
-    def ensure(self, length: int) -> None:
-        if length <= len(self.forward):
-            return
-        size = max(length, 2 * len(self.forward), 1 << 16)
-        self.forward = _powers(POLY_BASE, size)
-        self.inverse = _powers(_POLY_BASE_INV, size)
+    @property
+    def forward(self) -> npt.NDArray[np.uint64]:
+        return self.pair[0]
+
+    @property
+    def inverse(self) -> npt.NDArray[np.uint64]:
+        return self.pair[1]
+
+    def at_least(self, length: int) -> _Powers:
+        """Forward and inverse powers with at least ``length`` entries each."""
+        pair = self.pair
+        if length <= len(pair[0]):
+            return pair
+        if length > POWER_TABLE_LIMIT:
+            return _power_pair(length)  # for this call only
+        with self._lock:
+            pair = self.pair
+            if length > len(pair[0]):
+                size = min(max(length, 2 * len(pair[0]), 1 << 16), POWER_TABLE_LIMIT)
+                pair = self.pair = _power_pair(size)
+            return pair
+
+
+def _power_pair(size: int) -> _Powers:
+    return _powers(POLY_BASE, size), _powers(_POLY_BASE_INV, size)
 
 
 def _powers(base: int, size: int) -> npt.NDArray[np.uint64]:
@@ -116,13 +150,14 @@ def _powers(base: int, size: int) -> npt.NDArray[np.uint64]:
 _POWERS = _PowerTable()
 
 
-def _prefix_sums(codes: npt.NDArray[np.unsignedinteger]) -> npt.NDArray[np.uint64]:
+def _prefix_sums(
+    codes: npt.NDArray[np.unsignedinteger], forward: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint64]:
     """``prefix[j] = sum(codes[i] * B**i for i < j)`` mod 2**64, with ``prefix[0] = 0``."""
     n = len(codes)
-    _POWERS.ensure(n + 1)
     prefix = np.empty(n + 1, dtype=np.uint64)
     prefix[0] = 0
-    np.cumsum(np.multiply(codes, _POWERS.forward[:n], dtype=np.uint64), out=prefix[1:])
+    np.cumsum(np.multiply(codes, forward[:n], dtype=np.uint64), out=prefix[1:])
     return prefix
 
 
@@ -145,9 +180,10 @@ def span_hashes(
     content, not on where it sits. Its length and ``key`` are added and the result is
     finalised with :func:`fmix64`.
     """
-    prefix = _prefix_sums(codes)
+    forward, inverse = _POWERS.at_least(len(codes) + 1)
+    prefix = _prefix_sums(codes, forward)
     raw = prefix[ends] - prefix[starts]
-    raw *= _POWERS.inverse[starts]
+    raw *= inverse[starts]
     return _finish(raw, ends - starts, key)
 
 

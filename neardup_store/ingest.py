@@ -51,7 +51,7 @@ from . import codec
 from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, NeardupError
 from .similarity import estimate_jaccard
 from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size
-from .text import check_encoding
+from .text import check_encoding, decode_text
 from .txn import Key, Match, UniqueResult
 
 if TYPE_CHECKING:
@@ -309,8 +309,8 @@ def _read_stream(
         yield _unreadable(name, err)
         return
     try:
-        yield Record(name, data.decode(encoding), None, name, file=name)
-    except UnicodeDecodeError as err:
+        yield Record(name, decode_text(data, encoding), None, name, file=name)
+    except UnicodeError as err:
         yield Failure(name, _decode_reason(err, encoding), name, error=type(err).__name__)
 
 
@@ -318,8 +318,10 @@ def _unreadable(name: str, err: OSError) -> Failure:
     return Failure(name, f"cannot read it: {err.strerror or err}", name, error=type(err).__name__)
 
 
-def _decode_reason(err: UnicodeDecodeError, encoding: str) -> str:
-    return f"not valid {encoding} at byte {err.start} ({err.reason}); pass the right encoding"
+def _decode_reason(err: UnicodeError, encoding: str) -> str:
+    if isinstance(err, UnicodeDecodeError):
+        return f"not valid {encoding} at byte {err.start} ({err.reason}); pass the right encoding"
+    return f"not valid {encoding} ({err}); pass the right encoding"  # idna, punycode
 
 
 def parse_line(
@@ -343,7 +345,7 @@ def parse_line(
 
     try:
         obj = json_object(raw.decode(encoding))
-    except UnicodeDecodeError as err:
+    except UnicodeError as err:
         return failure(_decode_reason(err, encoding), type(err).__name__)
     if isinstance(obj, tuple):
         return failure(*obj)

@@ -14,8 +14,9 @@ Shingling follows Leskovec, Rajaraman and Ullman, *Mining of Massive Datasets*, 
 ``stopword``
     For news articles (MMDS 3.2.4, after Theobald et al.'s SpotSigs): a stop word followed
     by the next ``size - 1`` words (default size 3: the stop word and the next two). Stop
-    words are matched in lower case, as written, or Capitalised, against
-    :data:`ENGLISH_STOP_WORDS`.
+    words are matched in lower case, as written, Capitalised or in UPPER CASE, against
+    :data:`ENGLISH_STOP_WORDS` (with ``casefold=False``, "THE" starts a shingle as "the"
+    and "The" do; other mixed cases such as "tHe" do not).
 
 A non-empty document that has fewer than ``size`` units (characters or words), or for
 ``stopword`` no complete stop-word shingle, has exactly one shingle: all of its units. A
@@ -198,8 +199,9 @@ def check_batch(
 
 
 def check_encoding(encoding: str) -> None:
-    """Refuse a codec Python cannot decode text with: a name it does not know, or a
-    known codec that is not a text one (base64), which ``codecs.lookup`` accepts.
+    """Refuse a codec Python cannot decode text with: a name it does not know, a known
+    codec that is not a text one (base64), which ``codecs.lookup`` accepts, or one that
+    decodes nothing (``undefined``).
 
     Raises:
         InvalidParameterError: ``encoding`` names no text codec.
@@ -208,8 +210,20 @@ def check_encoding(encoding: str) -> None:
         b"a".decode(encoding)  # not b"": Python decodes an empty string without the codec
     except UnicodeDecodeError:
         pass  # a text codec, which wants more than one byte (utf-16)
-    except (LookupError, TypeError):
+    except (LookupError, TypeError, UnicodeError):
         raise InvalidParameterError("encoding", encoding, "a codec name such as 'utf-8'") from None
+
+
+def decode_text(data: bytes, encoding: str) -> str:
+    """``data`` decoded, without one leading byte-order mark (U+FEFF): editors write one
+    at the start of UTF-8 files, and it is no part of the text (codecs such as utf-16
+    drop it themselves, utf-8 does not).
+
+    Raises:
+        UnicodeError: ``data`` is not valid in ``encoding`` (idna and punycode raise this
+            base class, not only UnicodeDecodeError).
+    """
+    return data.decode(encoding).removeprefix("\ufeff")
 
 
 @contextmanager
@@ -224,14 +238,15 @@ def single_document() -> Iterator[None]:
 
 
 def as_text(document: object, encoding: str | None = None, index: int | None = None) -> str:
-    """Return ``document`` as ``str``: bytes only with an explicit ``encoding``."""
+    """Return ``document`` as ``str``: bytes only with an explicit ``encoding``, decoded by
+    :func:`decode_text` (one leading byte-order mark is dropped)."""
     if isinstance(document, str):
         return document
     if isinstance(document, (bytes, bytearray, memoryview)) and encoding is not None:
         check_encoding(encoding)
         try:
-            return bytes(document).decode(encoding)
-        except UnicodeDecodeError as err:
+            return decode_text(bytes(document), encoding)
+        except UnicodeError as err:
             raise TextDecodeError(encoding, str(err), index) from err
     raise InputTypeError(document, index)
 

@@ -1251,3 +1251,32 @@ def test_params_png_draws_the_s_curve(runner: CliRunner, tmp_path: Path) -> None
     result = _run(runner, "params", "--threshold", 0.8, "--png", png)
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_a_byte_order_mark_of_a_plain_file_is_not_part_of_its_text(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """A file saved with a UTF-8 BOM was signed with the mark as its first character: the
+    same text scored about 0.6 against itself, and query --text found nothing (a
+    review's finding). The mark is dropped wherever bytes become text."""
+    text = "quarterly report on regional sales figures for the northern district"
+    with_mark = tmp_path / "bom.txt"
+    with_mark.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store).exit_code == 0
+    assert _run(runner, "add", store, with_mark).exit_code == 0
+    for query in (("--text", text), ("--file", with_mark)):
+        result = _run(runner, "query", store, *query, "--json")
+        assert result.exit_code == 0, result.output
+        assert [(m["key"], m["score"]) for m in _jsonl(result.output)] == [(str(with_mark), 1.0)]
+
+
+def test_query_file_a_codec_refuses_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
+    """idna raises a plain UnicodeError, not UnicodeDecodeError: a traceback, exit 1."""
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"xn--a")
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store).exit_code == 0
+    result = _run(runner, "query", store, "--file", bad, "--encoding", "idna")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: {bad}: not valid idna (")

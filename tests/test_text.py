@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neardup_store as nd
+from neardup_store import hashing, ingest
 from neardup_store.errors import (
     EmptyDocumentError,
     InputTypeError,
@@ -20,6 +24,7 @@ from neardup_store.errors import (
 from neardup_store.text import (
     ShingleConfig,
     Shingler,
+    as_text,
     fold,
     normalize,
     shingle_strings,
@@ -267,3 +272,110 @@ def test_the_ascii_shortcut_of_fold_is_exact() -> None:
     assert ascii_text.casefold() == ascii_text.lower()
     assert fold(ascii_text, ShingleConfig()) == ascii_text.casefold()
     assert fold("ÅNGSTRÖM ﬁ", ShingleConfig()) == "ångström fi"  # the general path
+
+
+def test_stop_words_match_in_upper_case_too_when_case_is_kept() -> None:
+    """Documented and pinned: changing it would change every stop-word signature."""
+    config = ShingleConfig(kind="stopword", casefold=False)
+    text = "CLICK HERE FOR THE BEST tHe DEALS"
+    expected = ["HERE FOR THE", "FOR THE BEST", "THE BEST tHe"]  # "tHe" is no stop word
+    assert shingle_strings(text, config) == expected
+    assert len(Shingler(config).hash_document(text)) == len(expected)
+
+
+def test_threads_signing_while_the_power_table_grows_get_the_same_hashes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared table of powers grows while other threads read it: each must see a
+    forward and an inverse table of the same size (the race gave IndexError/ValueError)."""
+    shingler = Shingler(ShingleConfig(kind="word"))
+    documents = [f"w{n} " * n for n in range(6_000, 60_000, 6_000)]
+    expected = [shingler.hash_document(d) for d in documents]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for _ in range(10):
+            monkeypatch.setattr(hashing, "_POWERS", hashing._PowerTable())  # fresh, tiny
+            results = _sign_in_threads(shingler, documents)
+            errors = [r for r in results if isinstance(r, Exception)]
+            assert not errors, errors[0]
+            assert all(map(np.array_equal, results, expected))
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _sign_in_threads(shingler: Shingler, documents: list[str]) -> list[object]:
+    """Each document hashed by its own thread, all released at once; errors as results."""
+    results: list[object] = [None] * len(documents)
+    barrier = threading.Barrier(len(documents))
+
+    def work(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = shingler.hash_document(documents[index])
+        except Exception as error:  # reported by the caller
+            results[index] = error
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(documents))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_a_long_document_does_not_leave_its_size_in_the_power_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared table stops at 2**20 powers (hashing.POWER_TABLE_LIMIT); a longer span
+    array gets a table for that call only, with the same values."""
+    monkeypatch.setattr(hashing, "_POWERS", hashing._PowerTable())
+    shingler = Shingler(ShingleConfig(kind="word"))
+    pattern = "alpha beta gamma delta epsilon "
+    long_text = pattern * ((1 << 20) // len(pattern) + 1)  # more characters than the limit
+    long_hashes = shingler.hash_document(long_text)
+    assert len(hashing._POWERS.forward) <= 1 << 20
+    assert len(hashing._POWERS.inverse) <= 1 << 20
+    assert set(long_hashes) == set(shingler.hash_document(pattern * 3))
+
+
+@pytest.mark.parametrize("data", [b"xn--a", b"xn--zzzz"])
+def test_a_codec_raising_plain_unicode_error_gives_text_decode_error(data: bytes) -> None:
+    """idna and punycode raise UnicodeError itself, not UnicodeDecodeError."""
+    with pytest.raises(TextDecodeError, match="not valid idna") as info:
+        Shingler().hash_batch(["fine", data], encoding="idna")
+    assert info.value.index == 1
+
+
+def test_a_codec_that_decodes_nothing_is_refused_as_a_parameter() -> None:
+    with pytest.raises(InvalidParameterError, match=r"^encoding="):
+        Shingler().hash_document(b"x", encoding="undefined")
+
+
+def test_reading_files_turns_plain_unicode_errors_into_failures(tmp_path: Path) -> None:
+    (tmp_path / "good.txt").write_bytes(b"example.com is a host name")
+    (tmp_path / "evil.txt").write_bytes(b"xn--a")
+    items = list(
+        ingest.read_inputs([tmp_path / "good.txt", tmp_path / "evil.txt"], encoding="idna")
+    )
+    assert isinstance(items[0], ingest.Record) and isinstance(items[1], ingest.Failure)
+    assert "not valid idna" in items[1].reason and items[1].error == "UnicodeError"
+    line = ingest.parse_line(b"xn--a\n", "lines.jsonl:1", "id", "text", "idna")
+    assert isinstance(line, ingest.Failure) and line.error == "UnicodeError"
+
+
+def test_a_leading_byte_order_mark_is_not_part_of_decoded_text(tmp_path: Path) -> None:
+    """Editors save UTF-8 with a BOM; the same text must get the same signature."""
+    text = "quarterly report on regional sales figures"
+    bom = "\ufeff".encode()
+    shingler = Shingler(ShingleConfig(kind="word"))
+    expected = shingler.hash_document(text)
+    assert np.array_equal(shingler.hash_document(bom + text.encode(), encoding="utf-8"), expected)
+    hasher = nd.MinHasher(nd.MinHashConfig(shingles=ShingleConfig(kind="word")))
+    assert np.array_equal(
+        hasher.signature(bom + text.encode(), encoding="utf-8"), hasher.signature(text)
+    )
+    assert as_text(bom + bom + b"x", "utf-8") == "\ufeffx"  # one mark only
+    (tmp_path / "bom.txt").write_bytes(bom + text.encode())
+    (record,) = ingest.read_inputs([tmp_path / "bom.txt"])
+    assert isinstance(record, ingest.Record) and record.text == text
