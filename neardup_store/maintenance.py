@@ -9,9 +9,9 @@ Two operations replace what other processes have open, so they need the store to
 themselves: :func:`compact` swaps ``data.mdb`` and :func:`rebuild` drops the band tables
 other processes hold handles to. Both upgrade this process's shared lock on
 ``neardup.lock`` to an exclusive one without waiting, and raise
-:class:`~neardup_store.errors.StoreBusyError` if any other process has the store open.
-Like :meth:`Store.close`, they must not run while another thread of this process uses
-the store, nor while one of its transactions (or a :func:`pairs` iterator) is open.
+:class:`~neardup_store.errors.StoreBusyError` if any other process has the store open,
+or if a transaction (or a :func:`pairs` iterator) of this process is open, in any
+thread. While they run, other threads' new transactions wait for them to finish.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import heapq
 import itertools
 import os
+import resource
 import shutil
 import stat
 import struct
@@ -41,7 +43,10 @@ from .errors import (
     CorruptStoreError,
     IdsExhaustedError,
     InvalidParameterError,
+    NeardupError,
+    OutputWriteError,
     StoreBusyError,
+    StoreFullError,
     check_flags,
 )
 from .integrity import (
@@ -53,6 +58,7 @@ from .integrity import (
     check,
 )
 from .lsh import LSHParams, choose_params
+from .store import _DISK_FULL, FULL_DISK_SLACK
 from .transfer import create_from_export, export, export_file, import_
 
 if TYPE_CHECKING:
@@ -327,7 +333,9 @@ class _Readers:
 def _readers(store: Store) -> _Readers:
     """Reader slots in use, those holding a snapshot, and the oldest snapshot's lag behind
     the last commit, from ``env.readers()``."""
-    rows = [line.split() for line in store._require_env().readers().splitlines()[1:]]
+    with store._readers_lock:  # not while a compaction swaps the environment
+        table = store._require_env().readers()
+    rows = [line.split() for line in table.splitlines()[1:]]
     rows = [row for row in rows if len(row) == 3]  # pid, thread, txnid (or "-")
     held = sorted((int(txnid), int(pid)) for pid, _, txnid in rows if txnid != "-")
     if not held:
@@ -489,24 +497,57 @@ def _exclusive(store: Store, operation: str) -> Iterator[None]:
     fd = store._lock_fd
     if fd is None:  # pragma: no cover - an open store always holds its lock
         raise RuntimeError("the store holds no lock")
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            raise StoreBusyError(str(store.path), operation) from None
-        raise
-    try:
+    with _threads_held_off(store, operation):
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # take back the shared lock the attempt dropped
-            raise StoreBusyError(str(store.path), operation) from None
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                raise StoreBusyError(str(store.path), operation) from None
+            raise
         try:
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # take back the shared lock the attempt dropped
+                raise StoreBusyError(str(store.path), operation) from None
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_SH)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-    finally:
-        fcntl.lockf(fd, fcntl.LOCK_UN)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _threads_held_off(store: Store, operation: str) -> Iterator[None]:
+    """Refuse while this process has a transaction open, and keep other threads from
+    beginning one until the block ends.
+
+    Closing the environment (or dropping tables) under an open transaction ends it with
+    a raw LMDB error, loses its writes, and can hang ``env.close()``. Every transaction
+    is counted under ``store._readers_lock`` before it begins (``Store._begin_tracked``),
+    so holding that lock for the block makes other threads wait there; this thread's own
+    transactions (a purge, the rebuild's write) go through, as the lock is reentrant,
+    and never wait inside it: with no other transaction and no growth pending, a map
+    growth finds nothing to wait for.
+    """
+    with store._readers_lock:
+        state = store._thread_state
+        if getattr(state, "readers", 0) or getattr(state, "writing", False):
+            raise StoreBusyError(
+                str(store.path),
+                operation,
+                "inside a transaction of this thread (its work would be lost); call it "
+                "after the block",
+            )
+        if store._active_readers or store._growth_waiting:
+            raise StoreBusyError(
+                str(store.path),
+                operation,
+                "while other threads of this process have transactions open (or a pairs() "
+                "iterator); end them first, then retry",
+            )
+        yield
 
 
 def _reopen(store: Store, max_dbs: int, swap: Callable[[], None] | None = None) -> None:
@@ -582,20 +623,42 @@ def compact(
     with _exclusive(store, "compact"):
         before = data.stat().st_size
         store.purge()
-        scratch = Path(tempfile.mkdtemp(prefix=".compact-", dir=store.path))
+        with _scratch(store.path, ".compact-") as scratch:
+            copy = _synced_copy(store, scratch, progress=progress)
 
-        def swap() -> None:
-            os.replace(scratch / "data.mdb", data)
-            _fsync(store.path)  # make the rename itself durable
+            def swap() -> None:
+                os.replace(copy, data)
+                _fsync(store.path)  # make the rename itself durable
 
-        try:
-            _copy(store, scratch, progress=progress)
-            _keep_mode(data, scratch / "data.mdb")
-            _fsync(scratch / "data.mdb")
             _reopen(store, _max_dbs(store.banding.bands), swap)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         return CompactReport(before, data.stat().st_size)
+
+
+@contextmanager
+def _scratch(parent: Path, prefix: str) -> Iterator[Path]:
+    """A new directory in ``parent`` to build a copy in, deleted when the block ends: a
+    copy renamed into place only when complete never shows half-written at its place."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _synced_copy(
+    store: Store,
+    scratch: Path,
+    txn: lmdb.Transaction | None = None,
+    progress: Callable[[int], None] | None = None,
+    typed: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+) -> Path:
+    """:func:`_copy` into ``scratch``, with the store's permissions, synced: on disk whole
+    before anything renames it into place. Returns the copy's ``data.mdb``."""
+    _copy(store, scratch, txn, progress, typed)
+    copy = scratch / "data.mdb"
+    _keep_mode(store.path / "data.mdb", copy)
+    _fsync(copy)
+    return copy
 
 
 def _keep_mode(original: Path, copy: Path) -> None:
@@ -610,33 +673,126 @@ def backup(
     """Write a consistent, compacted copy of the store to ``path`` while it stays in use.
 
     The copy is taken from one snapshot, so it holds exactly the commits before the call
-    began; open it with :meth:`Store.open` like any store.
+    began; open it with :meth:`Store.open` like any store. It is built in a scratch
+    directory beside ``path`` and renamed there once synced, so a backup that fails or
+    is killed leaves no store at ``path`` (a killed one's scratch directory is deleted by
+    the next backup to ``path``).
 
     Raises:
         InvalidParameterError: ``path`` is not a new or empty directory, lies inside the
-            store, or cannot be made.
+            store, or its parent cannot be made.
+        StoreFullError: the disk (or file-size limit) of ``path`` is full.
+        OutputWriteError: the copy could not be written at ``path`` for another reason.
     """
     target = Path(path)
+    place = _backup_place(store, target)
+    prefix = f".{place.name}.backup-"
+    _remove_backup_leftovers(place.parent, prefix)
+    with store.read() as reader, _typed_as_output(target, place.parent):
+        documents = len(reader)
+        with _scratch(place.parent, prefix) as scratch, _claim(scratch):
+            typed = functools.partial(_typed_as_output, target, scratch)
+            _synced_copy(store, scratch, reader.txn, progress, typed)
+            os.chmod(scratch, stat.S_IMODE(store.path.stat().st_mode))
+            _fsync(scratch)
+            os.replace(scratch, place)  # an empty directory at ``place`` is replaced
+            _fsync(place.parent)
+    return BackupReport(str(target), documents, (place / "data.mdb").stat().st_size)
+
+
+def _backup_place(store: Store, target: Path) -> Path:
+    """``target`` as an absolute path, once checked, with its parent made."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InvalidParameterError("path", str(target), "a new or empty directory")
     if target.resolve().is_relative_to(store.path.resolve()):
         raise InvalidParameterError("path", str(target), "a directory outside the store")
+    place = Path(os.path.abspath(target))  # "." and "x/.." have a name and a parent
     try:
-        target.mkdir(parents=True, exist_ok=True, mode=stat.S_IMODE(store.path.stat().st_mode))
+        mode = stat.S_IMODE(store.path.stat().st_mode)
+        place.parent.mkdir(parents=True, exist_ok=True, mode=mode)
     except OSError as err:
         raise InvalidParameterError(
             "path", str(target), f"a directory that can be made ({err.strerror})"
         ) from None
-    with store.read() as reader:
-        documents = len(reader)
+    return place
+
+
+@contextmanager
+def _claim(scratch: Path) -> Iterator[None]:
+    """Hold an ``flock`` on a backup's scratch directory while it is built: one nobody
+    holds is a killed backup's leftover (the kernel drops a dead process's locks)."""
+    fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_backup_leftovers(parent: Path, prefix: str) -> None:
+    """Delete the scratch directories of killed backups to the same path (they can be as
+    large as the store); those of running backups are locked and stay."""
+    for leftover in parent.iterdir():
+        if not leftover.name.startswith(prefix) or leftover.is_symlink():
+            continue
         try:
-            _copy(store, target, reader.txn, progress)
-        except BaseException:
-            (target / "data.mdb").unlink(missing_ok=True)  # a retry must find it empty
+            fd = os.open(leftover, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(leftover, ignore_errors=True)
+        except OSError:
+            continue  # a running backup holds it
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def _typed_as_output(target: Path, scratch: Path) -> Iterator[None]:
+    """Raise a failure to write a backup (being built in ``scratch``) against its
+    ``target``: the source store was only read, so its path and disk are not to blame."""
+    try:
+        yield
+    except NeardupError:
+        raise
+    except (lmdb.Error, OSError) as err:
+        typed = _output_error(target, scratch, err)
+        if typed is None:
             raise
-    _keep_mode(store.path / "data.mdb", target / "data.mdb")
-    _fsync(target / "data.mdb")
-    return BackupReport(str(target), documents, (target / "data.mdb").stat().st_size)
+        raise typed from err
+
+
+def _output_error(target: Path, scratch: Path, err: Exception) -> Exception | None:
+    """The typed error for ``err`` raised while writing a backup (``None`` for an engine
+    error that is not about writing), judged as ``Store._translate`` judges a write."""
+    code = getattr(err, "errno", None)
+    text = (err.strerror if isinstance(err, OSError) else None) or str(err)
+    if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
+        return StoreFullError(str(target), text)
+    if code == errno.EIO or os.strerror(errno.EIO) in text:
+        reason = _copy_out_of_space(scratch)
+        if reason is not None:
+            return StoreFullError(str(target), f"{text}: {reason}")
+        return OutputWriteError(str(target), text)
+    return OutputWriteError(str(target), text) if isinstance(err, OSError) else None
+
+
+def _copy_out_of_space(scratch: Path) -> str | None:
+    """Why the copy in ``scratch`` cannot grow (file-size limit or disk reached), or
+    ``None``; what ``Store._out_of_space`` tells for the store's own file."""
+    try:
+        size = (scratch / "data.mdb").stat().st_size
+        disk = os.statvfs(scratch)
+    except OSError:
+        return None
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and size + FULL_DISK_SLACK > limit:
+        return f"the copy reached this process's file-size limit of {limit} bytes"
+    blocks = disk.f_bfree if os.geteuid() == 0 else disk.f_bavail  # as Store._out_of_space
+    if blocks * disk.f_frsize < FULL_DISK_SLACK:
+        return f"the disk holding the backup has {blocks * disk.f_frsize} bytes free"
+    return None
 
 
 def _copy(
@@ -644,10 +800,12 @@ def _copy(
     target: Path,
     txn: lmdb.Transaction | None = None,
     progress: Callable[[int], None] | None = None,
+    typed: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> None:
     """A compacted copy of every table of ``txn``'s snapshot (a new one if ``None``) in a
-    new environment at ``target``, with a full disk typed like any write (StoreFullError);
-    ``progress`` gets the share copied so far, scaled to the number of documents.
+    new environment at ``target``, with engine errors typed by ``typed`` (default: as any
+    write to the store, whose disk a compaction's copy shares: a full one is
+    StoreFullError); ``progress`` gets the share copied so far, scaled to the documents.
 
     Each table is read in key order and appended to its copy, so pages come out full and
     free pages stay behind. LMDB's own compacting copy (``Environment.copy(compact=True)``)
@@ -658,7 +816,7 @@ def _copy(
     env = store._require_env()
     copy = None
     try:
-        with store._typed_engine_errors(), contextlib.ExitStack() as stack:
+        with (typed or store._typed_engine_errors)(), contextlib.ExitStack() as stack:
             if txn is None:
                 txn = stack.enter_context(env.begin())
             copy = lmdb.open(

@@ -728,7 +728,8 @@ class Store:
         """
         now = time.monotonic()
         if force or now - self._swept_at >= STALE_READER_CHECK_S:
-            self._require_env().reader_check()
+            with self._readers_lock:
+                self._require_env().reader_check()
             self._swept_at = now
 
     def read(self) -> AbstractContextManager[ReadTxn]:
@@ -827,14 +828,12 @@ class Store:
     def _env_info(self) -> dict[str, int]:
         """LMDB's ``env.info()``, with the lock a map growth holds: asked while another
         thread's ``set_mapsize`` ran, py-lmdb failed it (``Invalid argument``)."""
-        env = self._require_env()
         with self._readers_lock:
-            return env.info()  # type: ignore[no-any-return]
+            return self._require_env().info()  # type: ignore[no-any-return]
 
     def _page_size(self) -> int:
-        env = self._require_env()
         with self._readers_lock:  # as in _env_info
-            return int(env.stat()["psize"])
+            return int(self._require_env().stat()["psize"])
 
     def _used_bytes(self) -> int:
         return (int(self._env_info()["last_pgno"]) + 1) * self._page_size()

@@ -5,9 +5,13 @@ lock is tested with a real second process."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,9 +34,10 @@ from neardup_store.errors import (
     InvalidStreamError,
     ReadOnlyError,
     StoreBusyError,
+    StoreFullError,
 )
 from neardup_store.lsh import LSHParams, band_keys, choose_params
-from neardup_store.store import Store
+from neardup_store.store import Store, holds_store
 
 THRESHOLD = 0.7
 
@@ -773,6 +778,106 @@ def test_compact_and_rebuild_refuse_while_another_process_has_the_store(
         child.stop()
 
 
+# -- other threads of this process ------------------------------------------------------------
+
+
+@contextmanager
+def _transaction_in_another_thread(store: Store, kind: str) -> Iterator[list[str]]:
+    """Another thread holds a read or write transaction open for the block, then ends it
+    (a write adds ``from-thread``); yields what it reports: ``ok`` or its error, as text
+    (an error object kept alive once hung ``env.close()``)."""
+    inside, release, outcome = threading.Event(), threading.Event(), []
+
+    def hold() -> None:
+        try:
+            if kind == "read":
+                with store.read() as txn:
+                    inside.set()
+                    release.wait(timeout=5)  # bounded: a compaction that does not refuse
+                    assert txn.get("doc-0001") is not None
+            else:
+                with store.write() as txn:
+                    txn.add("from-thread", "a document another thread adds")
+                    inside.set()
+                    release.wait(timeout=5)
+            outcome.append("ok")
+        except Exception as err:
+            outcome.append(f"{type(err).__module__}.{type(err).__name__}: {err}")
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert inside.wait(timeout=10)
+    try:
+        yield outcome
+    finally:
+        release.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_compact_and_rebuild_refuse_while_another_thread_has_a_transaction_open(
+    store: Store, kind: str
+) -> None:
+    """Closing the environment under it gave that thread a raw LMDB error and lost its
+    write (or hung compact in ``env.close()``)."""
+    with _transaction_in_another_thread(store, kind) as outcome:
+        with pytest.raises(StoreBusyError, match="other threads of this process"):
+            store.compact()
+        with pytest.raises(StoreBusyError, match="other threads of this process"):
+            store.rebuild(threshold=0.8)
+    assert outcome == ["ok"] and store.threshold == THRESHOLD
+    assert ("from-thread" in store) == (kind == "write") and store.check().ok
+    assert store.compact().bytes_after > 0  # once the thread is done
+
+
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_compact_and_rebuild_refuse_inside_a_transaction_of_their_own_thread(
+    store: Store, kind: str
+) -> None:
+    """The block goes on and (a write) commits; compacting inside it lost its writes."""
+    opened = store.read() if kind == "read" else store.write()
+    with opened as txn:
+        if kind == "write":
+            txn.add("in-the-block", "a document added in the caller's own block")
+        with pytest.raises(StoreBusyError, match="inside a transaction of this thread"):
+            store.compact()
+        with pytest.raises(StoreBusyError, match="inside a transaction of this thread"):
+            store.rebuild(threshold=0.8)
+        assert txn.get("doc-0001") is not None
+    assert ("in-the-block" in store) == (kind == "write")
+    assert store.threshold == THRESHOLD and store.check().ok
+
+
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_a_transaction_another_thread_begins_during_compaction_waits_for_the_new_file(
+    store: Store, kind: str
+) -> None:
+    """It begins on the compacted environment, not on the one being swapped out."""
+    seen: list[Any] = []
+
+    def transact() -> None:
+        try:
+            with store.read() if kind == "read" else store.write() as txn:
+                seen.append(store._env)
+                time.sleep(0.2)  # still open when a compaction that let it in swaps
+                seen.append(txn.get("doc-0001"))
+        except Exception as err:
+            seen.append(f"{type(err).__module__}.{type(err).__name__}: {err}")
+
+    thread = threading.Thread(target=transact)
+
+    def progress(done: int) -> None:
+        if not thread.is_alive() and not seen:
+            thread.start()
+            time.sleep(0.1)  # let it reach the transaction's begin
+
+    expected = store.get("doc-0001")
+    store.compact(progress=progress)
+    thread.join(timeout=30)
+    assert seen == [store._env, expected]
+
+
 # -- rebuild --------------------------------------------------------------------------------
 
 
@@ -1128,3 +1233,107 @@ def test_backup_goes_only_to_a_new_or_empty_directory_outside_the_store(
     empty = tmp_path / "empty"
     empty.mkdir()
     assert store.backup(empty).documents == len(store)
+
+
+_BACKUP_CHILD = """
+import sys, time
+from neardup_store import maintenance
+from neardup_store.store import Store
+path, target, stop_at = sys.argv[1:]
+maintenance._COPY_CHUNK = 97  # many commits, as a large store's copy has
+real_fsync, synced = maintenance._fsync, []
+
+def pause(point):
+    print(point, flush=True)
+    time.sleep(3600)  # until the parent's SIGKILL
+
+def progress(done):
+    if stop_at == "copying" and done > len(store) // 2:
+        pause("copying")
+
+def fsync_then_maybe_pause(path):
+    # backup() fsyncs the copied file, its directory (before the rename into place),
+    # then the parent directory (after it).
+    real_fsync(path)
+    synced.append(path)
+    if {2: "synced", 3: "renamed"}.get(len(synced)) == stop_at:
+        pause(stop_at)
+
+maintenance._fsync = fsync_then_maybe_pause
+store = Store.open(path)
+store.backup(target, progress=progress)
+print("finished", flush=True)
+"""
+
+
+def _leftovers(target: Path) -> list[str]:
+    return sorted(p.name for p in target.parent.iterdir() if p.name.startswith(f".{target.name}."))
+
+
+@pytest.mark.parametrize("point", ["copying", "synced", "renamed"])
+def test_backup_killed_part_way_leaves_no_store_or_a_whole_one(
+    store: Store, tmp_path: Path, point: str
+) -> None:
+    """A backup process SIGKILLed mid-copy (after some of its commits), with the copy
+    synced but not renamed into place, or just after the rename. A killed copy written
+    in place opened as a store with band orphans, or refused the retry."""
+    target = tmp_path / "backups" / "nightly"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _BACKUP_CHILD, str(store.path), str(target), point],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == point
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    if point == "renamed":
+        assert _leftovers(target) == []
+        with Store.open(target, read_only=True) as copy:
+            assert copy.check().ok and _contents(copy) == _contents(store)
+        return
+    assert not holds_store(target) and not target.exists()
+    assert len(_leftovers(target)) == 1  # the killed backup's scratch directory
+    report = store.backup(target)
+    assert report.documents == len(store) and _leftovers(target) == []
+    with Store.open(target, read_only=True) as copy:
+        assert copy.check().ok and _contents(copy) == _contents(store)
+
+
+_FULL_BACKUP_CHILD = """
+import resource, signal, sys
+from neardup_store.store import Store
+path, target = sys.argv[1:]
+store = Store.open(path)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+try:
+    store.backup(target)
+    print("fitted")
+except Exception as err:
+    print(type(err).__name__, getattr(err, "path", None))
+"""
+
+
+def test_backup_past_the_file_size_limit_blames_the_backup_not_the_store(
+    store: Store, tmp_path: Path
+) -> None:
+    """The source store is only read: a full disk (here a file-size limit) at the target
+    is StoreFullError naming the target, and leaves nothing there."""
+    target = tmp_path / "backup"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_BACKUP_CHILD, str(store.path), str(target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.stdout.split() == [StoreFullError.__name__, str(target)], done.stderr
+    assert not target.exists() and _leftovers(target) == []
+    assert store.backup(target).documents == len(store)  # without the limit
