@@ -23,7 +23,6 @@ import functools
 import heapq
 import itertools
 import os
-import resource
 import shutil
 import stat
 import struct
@@ -58,7 +57,7 @@ from .integrity import (
     check,
 )
 from .lsh import LSHParams, choose_params
-from .store import _DISK_FULL, FULL_DISK_SLACK
+from .store import _DISK_FULL, out_of_space
 from .transfer import create_from_export, export, export_file, import_
 
 if TYPE_CHECKING:
@@ -771,28 +770,11 @@ def _output_error(target: Path, scratch: Path, err: Exception) -> Exception | No
     if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
         return StoreFullError(str(target), text)
     if code == errno.EIO or os.strerror(errno.EIO) in text:
-        reason = _copy_out_of_space(scratch)
+        reason = out_of_space(scratch, "the copy", "the backup")
         if reason is not None:
             return StoreFullError(str(target), f"{text}: {reason}")
         return OutputWriteError(str(target), text)
     return OutputWriteError(str(target), text) if isinstance(err, OSError) else None
-
-
-def _copy_out_of_space(scratch: Path) -> str | None:
-    """Why the copy in ``scratch`` cannot grow (file-size limit or disk reached), or
-    ``None``; what ``Store._out_of_space`` tells for the store's own file."""
-    try:
-        size = (scratch / "data.mdb").stat().st_size
-        disk = os.statvfs(scratch)
-    except OSError:
-        return None
-    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if limit != resource.RLIM_INFINITY and size + FULL_DISK_SLACK > limit:
-        return f"the copy reached this process's file-size limit of {limit} bytes"
-    blocks = disk.f_bfree if os.geteuid() == 0 else disk.f_bavail  # as Store._out_of_space
-    if blocks * disk.f_frsize < FULL_DISK_SLACK:
-        return f"the disk holding the backup has {blocks * disk.f_frsize} bytes free"
-    return None
 
 
 def _copy(

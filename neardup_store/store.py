@@ -811,19 +811,7 @@ class Store:
 
     def _out_of_space(self) -> str | None:
         """Why the data file cannot grow (file-size limit or disk reached), or ``None``."""
-        try:
-            size = (self.path / "data.mdb").stat().st_size
-            disk = os.statvfs(self.path)
-        except OSError:
-            return None
-        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if limit != resource.RLIM_INFINITY and size + FULL_DISK_SLACK > limit:
-            return f"the data file reached this process's file-size limit of {limit} bytes"
-        # root may write into the blocks a file system reserves; other users may not
-        blocks = disk.f_bfree if os.geteuid() == 0 else disk.f_bavail
-        if blocks * disk.f_frsize < FULL_DISK_SLACK:
-            return f"the disk holding the store has {blocks * disk.f_frsize} bytes free"
-        return None
+        return out_of_space(self.path, "the data file", "the store")
 
     def _env_info(self) -> dict[str, int]:
         """LMDB's ``env.info()``, with the lock a map growth holds: asked while another
@@ -1294,6 +1282,24 @@ class _Reading:
                 txn.abort()
         finally:
             self._store._end_tracked()
+
+
+def out_of_space(directory: Path, file: str, holder: str) -> str | None:
+    """Why ``directory``'s ``data.mdb`` cannot grow (this process's file-size limit or
+    the disk reached), or ``None``; ``file`` and ``holder`` name the two in the reason."""
+    try:
+        size = (directory / "data.mdb").stat().st_size
+        disk = os.statvfs(directory)
+    except OSError:
+        return None
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and size + FULL_DISK_SLACK > limit:
+        return f"{file} reached this process's file-size limit of {limit} bytes"
+    # root may write into the blocks a file system reserves; other users may not
+    blocks = disk.f_bfree if os.geteuid() == 0 else disk.f_bavail
+    if blocks * disk.f_frsize < FULL_DISK_SLACK:
+        return f"the disk holding {holder} has {blocks * disk.f_frsize} bytes free"
+    return None
 
 
 def holds_store(path: str | os.PathLike[str]) -> bool:
