@@ -8,11 +8,41 @@ message, so callers never parse text.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 _SHOWN = 120  # the most characters of a refused value an error message repeats
 
 
 class NeardupError(Exception):
-    """Root of every error this package raises deliberately."""
+    """Root of every error this package raises deliberately.
+
+    An error is pickled as the call that made it (and its attributes), so it crosses
+    process boundaries whole: Python's default pickles only ``args``, the message, which
+    the constructors here do not take (a worker's error broke a process pool instead).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def recorded(self: NeardupError, *args: Any, **kwargs: Any) -> None:
+            if "_made_with" not in self.__dict__:  # the outermost constructor's call
+                self._made_with = (args, kwargs)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = recorded  # type: ignore[misc]
+
+    def __reduce__(self) -> tuple[object, ...]:
+        args, kwargs = self.__dict__.get("_made_with", (self.args, {}))
+        return (_remake, (type(self), args, kwargs), self.__dict__)
+
+
+def _remake(cls: type[NeardupError], args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    return cls(*args, **kwargs)
 
 
 class InvalidParameterError(NeardupError, ValueError):
@@ -207,8 +237,8 @@ class DuplicateKeyError(NeardupError, ValueError):
 class KeyNotFoundError(NeardupError, KeyError):
     """The key is not in the store."""
 
-    def __init__(self, key: object) -> None:
-        super().__init__(f"key {key!r} is not in the store; pass missing_ok=True to ignore")
+    def __init__(self, key: object, advice: str = "pass missing_ok=True to ignore") -> None:
+        super().__init__(f"key {key!r} is not in the store; {advice}")
         self.key = key
 
     def __str__(self) -> str:  # KeyError would show the repr of the whole message

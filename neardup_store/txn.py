@@ -241,7 +241,7 @@ class ReadTxn:
         """
         found = self._lookup(key)
         if found is None:
-            raise KeyNotFoundError(key)
+            raise KeyNotFoundError(key, "ask `key in store` first to tell")
         record = codec.decode_record(self._record(found[0]), codec.decode_id(found[0]))
         return Document(record.key, record.signature, record.metadata)
 

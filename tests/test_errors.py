@@ -1,0 +1,78 @@
+"""The package's errors as values: they pickle whole, so they cross process boundaries."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import pytest
+
+from neardup_store import Store, errors
+from neardup_store.errors import KeyNotFoundError, NeardupError, ParamsMismatchError
+
+_SAMPLES = {"str": "a/b", "object": b"v", "int": 7, "int | None": 3, "bool": True}
+
+
+def _made(cls: type[NeardupError]) -> NeardupError:
+    """An instance of ``cls`` with a made-up value for each required argument."""
+    args: list[object] = []
+    for param in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if param.default is not param.empty:
+            continue
+        annotation = str(param.annotation)
+        if annotation.startswith("tuple"):
+            args.append((1, 2))
+        elif annotation.startswith("dict"):
+            args.append({"num_perm": (128, 64)})
+        else:
+            args.append(_SAMPLES[annotation])
+    return cls(*args)
+
+
+_ERRORS = [
+    cls
+    for cls in vars(errors).values()
+    if inspect.isclass(cls) and issubclass(cls, NeardupError) and "__init__" in vars(cls)
+]
+
+
+@pytest.mark.parametrize("cls", _ERRORS, ids=lambda cls: cls.__name__)
+def test_every_error_pickles_as_itself(cls: type[NeardupError]) -> None:
+    """Python's default pickled only the message, which these constructors do not take:
+    16 of the 29 classes failed to unpickle, the others came back with the message
+    doubled (a review's finding)."""
+    error = _made(cls)
+    error.add_note("committed before it: 3 batches")
+    if isinstance(error, errors.DocumentError):
+        error.index = 4  # set by a batched call after the error was made
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is cls
+    assert str(error) and str(again) == str(error) and again.__notes__ == error.__notes__
+    assert vars(again) == vars(error)
+
+
+def _open_with_conflicting_params(path: str) -> None:
+    Store.open(path, num_perm=64).close()
+
+
+def test_a_workers_error_reaches_the_parent_typed(tmp_path: Path) -> None:
+    """A worker's ParamsMismatchError broke the whole pool (BrokenProcessPool)."""
+    Store.open(tmp_path / "s", create=True, num_perm=128).close()
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        future = pool.submit(_open_with_conflicting_params, str(tmp_path / "s"))
+        with pytest.raises(ParamsMismatchError, match="num_perm") as raised:
+            future.result(timeout=120)
+    assert raised.value.conflicts == {"num_perm": (128, 64)}
+
+
+def test_get_of_a_missing_key_advises_what_get_takes(tmp_path: Path) -> None:
+    """The advice was "pass missing_ok=True", which get() does not take."""
+    with Store.open(tmp_path / "s", create=True) as store:
+        with pytest.raises(KeyNotFoundError) as raised:
+            store.get("absent")
+        assert "missing_ok" not in str(raised.value) and "in store" in str(raised.value)
+        with pytest.raises(KeyNotFoundError, match="missing_ok=True"):
+            store.remove("absent")
