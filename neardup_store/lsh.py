@@ -32,6 +32,7 @@ A collision only adds a candidate, which verification against the signatures rej
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -149,12 +150,37 @@ def _nodes(num_points: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.flo
     return np.polynomial.legendre.leggauss(num_points)
 
 
+_AREA_CHUNK = 1 << 22
+"""Most (pair, node) values :func:`_areas` evaluates at once: at num_perm 8192 the pairs
+times the nodes were billions, gigabytes in one matrix."""
+
+
 def _areas(
     bands: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], threshold: float
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Exact false-positive and false-negative areas for many (bands, rows) at once."""
-    degree = int((bands * rows).max())
-    x, w = _nodes(degree // 2 + 1)  # exact for polynomials of degree <= 2n - 1
+    """Exact false-positive and false-negative areas for many (bands, rows) at once.
+
+    Pairs go in order of their width, in chunks, each with the nodes its widest needs.
+    """
+    fp, fn = np.empty(len(bands)), np.empty(len(bands))
+    widths = bands * rows
+    order = np.argsort(widths, kind="stable")
+    start = 0
+    while start < len(order):
+        # A power of two at least the first pair's needs: few distinct rules to compute.
+        nodes = 1 << (int(widths[order[start]]) // 2).bit_length()
+        stop = start + max(1, _AREA_CHUNK // nodes)
+        stop = start + int(np.searchsorted(widths[order[start:stop]], 2 * nodes, "left"))
+        chunk = order[start:stop]  # every pair of it has degree < 2 * nodes
+        fp[chunk], fn[chunk] = _areas_with(bands[chunk], rows[chunk], threshold, nodes)
+        start = stop
+    return fp, fn
+
+
+def _areas_with(
+    bands: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], threshold: float, nodes: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    x, w = _nodes(nodes)  # exact for polynomials of degree <= 2 * nodes - 1
     low = threshold * (x + 1.0) / 2.0  # nodes mapped to [0, t]
     high = threshold + (1.0 - threshold) * (x + 1.0) / 2.0  # and to [t, 1]
     b, r = bands[:, None].astype(np.float64), rows[:, None].astype(np.float64)
@@ -192,12 +218,22 @@ def choose_params(
         ("false_positive_weight", false_positive_weight),
         ("false_negative_weight", false_negative_weight),
     ):
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight >= 0:
-            raise InvalidParameterError(name, weight, "a non-negative number")
+        if (
+            not isinstance(weight, (int, float))
+            or isinstance(weight, bool)
+            or not 0 <= weight < math.inf
+        ):
+            raise InvalidParameterError(name, weight, "a finite non-negative number")
     if false_positive_weight + false_negative_weight <= 0:
         raise InvalidParameterError(
             "false_positive_weight+false_negative_weight", 0, "a positive sum"
         )
+    # Only their ratio matters: scaled to at most 1, two huge weights cannot overflow.
+    scale = max(false_positive_weight, false_negative_weight)
+    false_positive_weight, false_negative_weight = (
+        false_positive_weight / scale,
+        false_negative_weight / scale,
+    )
     pairs = [
         (b, r)
         for b in range(1, num_perm + 1)

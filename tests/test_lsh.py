@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from conftest import set_pair_batch
 
+from neardup_store import lsh
 from neardup_store.errors import InvalidParameterError
 from neardup_store.lsh import LSHParams, band_keys, candidate_pairs, choose_params, s_curve
 from neardup_store.minhash import MinHashConfig, MinHasher
@@ -177,3 +180,29 @@ def test_candidate_rate_follows_the_s_curve(scheme: str) -> None:
         expected = float(params.probability(s))
         tolerance = 4 * np.sqrt(expected * (1 - expected) / pairs) + 0.01
         assert abs(rate - expected) < tolerance, (s, rate, expected)
+
+
+@pytest.mark.parametrize("weight", [math.inf, math.nan])
+def test_a_weight_that_is_not_finite_is_refused(weight: float) -> None:
+    """inf passed the check and gave a NaN-driven 1 x 168 banding (a review's finding)."""
+    with pytest.raises(InvalidParameterError, match="finite non-negative"):
+        choose_params(0.8, 256, false_positive_weight=weight)
+
+
+def test_only_the_ratio_of_the_weights_matters() -> None:
+    """Two huge weights overflowed their sum; scaled, they choose what 1 and 1 choose."""
+    assert choose_params(0.8, 256, 1e308, 1e308) == choose_params(0.8, 256, 1.0, 1.0)
+    assert choose_params(0.7, 128, 5e306, 9.5e307) == choose_params(0.7, 128, 0.05, 0.95)
+
+
+def test_areas_in_chunks_equal_areas_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At num_perm 8192 one matrix of every pair by every node took about 5 GB; the
+    pairs now go in chunks of bounded size, each with the nodes it needs."""
+    pairs = [(b, r) for b in range(1, 257) for r in range(1, 256 // b + 1)]
+    bands = np.array([b for b, _ in pairs], dtype=np.int64)
+    rows = np.array([r for _, r in pairs], dtype=np.int64)
+    whole = lsh._areas_with(bands, rows, 0.8, 129)
+    monkeypatch.setattr(lsh, "_AREA_CHUNK", 1000)
+    chunked = lsh._areas(bands, rows, 0.8)
+    np.testing.assert_allclose(chunked[0], whole[0], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(chunked[1], whole[1], rtol=1e-9, atol=1e-15)
