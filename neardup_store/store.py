@@ -229,7 +229,9 @@ class Store:
         ``mode`` sets the permissions of a store this call creates: the directory gets
         ``mode`` and the files ``mode`` without execute bits, less the process umask
         (like ``mkdir``). The default 0o700 makes the store owner-only; 0o750 lets the
-        owner's group read it. An existing store keeps its permissions.
+        owner's group read its files (to copy them; opening a store, even read-only, needs
+        write access to LMDB's ``lock.mdb``, as 0o770 gives). An existing store keeps its
+        permissions. A store on read-only media opens with ``read_only=True``.
 
         ``band_cache=True`` keeps an in-memory copy of the band tables
         (:mod:`.band_cache`), built from the records at the first query and kept in step
@@ -299,12 +301,21 @@ class Store:
 
     def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
         self.path.mkdir(parents=True, exist_ok=True, mode=self.mode)
-        if self._lock_fd is None:
+        if self._lock_fd is None and not self.read_only:
             flags, file_mode = os.O_RDWR | os.O_CREAT, self.mode & 0o666
             self._lock_fd = os.open(self.path / LOCK_FILE, flags, file_mode)
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
-            if not self.read_only:
-                _remove_compaction_leftovers(self.path)
+            _remove_compaction_leftovers(self.path)
+        elif self._lock_fd is None:
+            # A reader needs only to be seen (flock works on a read-only descriptor):
+            # opening for writing failed on read-only media, which LMDB reads fine. With
+            # no lock file (nothing has written here), there is nothing to be seen by.
+            try:
+                self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDONLY)
+            except FileNotFoundError:
+                pass
+            else:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
         try:
             env = lmdb.open(
                 str(self.path),
@@ -347,6 +358,17 @@ class Store:
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
         size = map_size or DEFAULT_MAP_SIZE
         env = self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
+        while True:
+            try:
+                self._write_new_store(env, params, size)
+                break
+            except lmdb.MapFullError:  # the empty tables of many bands filled a small map
+                size *= 2
+                env.set_mapsize(size)
+        self.created_here = True
+        self._attach(params, generation=0, format_version=codec.FORMAT_VERSION)
+
+    def _write_new_store(self, env: lmdb.Environment, params: StoreParams, size: int) -> None:
         # Every table is made in the one transaction that writes the meta entries, so a
         # crash before its commit leaves an empty environment, which a create may reuse.
         with env.begin(write=True) as txn:
@@ -373,8 +395,6 @@ class Store:
             for band in range(params.banding.bands):
                 env.open_db(codec.band_table_name(0, band), txn=txn, dupsort=True, dupfixed=True)
             _faults.checkpoint("before-create")
-        self.created_here = True
-        self._attach(params, generation=0, format_version=codec.FORMAT_VERSION)
 
     def _open_existing(
         self, asked: tuple[Any, ...], map_size: int | None, max_readers: int, create: bool
@@ -863,7 +883,7 @@ class Store:
         return self.threshold if threshold is None else valid_threshold(threshold)
 
     def _check_signatures(self, signatures: npt.ArrayLike) -> npt.NDArray[np.uint32]:
-        array = np.asarray(signatures)
+        array = _numbers(signatures, "signatures")
         num_perm = self.config.num_perm
         if array.ndim != 2 or array.shape[1] != num_perm or array.dtype.kind not in "ui":
             raise InvalidParameterError(
@@ -877,7 +897,7 @@ class Store:
         return array.astype(np.uint32)
 
     def _check_signature(self, signature: npt.ArrayLike) -> npt.NDArray[np.uint32]:
-        array = np.asarray(signature)
+        array = _numbers(signature, "signature")
         if array.dtype == np.uint32 and array.shape == (self.config.num_perm,):
             return array  # the common case, and every value is in range by its type
         if array.ndim != 1:
@@ -1282,6 +1302,16 @@ class _Reading:
                 txn.abort()
         finally:
             self._store._end_tracked()
+
+
+def _numbers(values: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
+    """``values`` as an array; rows of different lengths are a typed error, not numpy's."""
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError):
+        raise InvalidParameterError(
+            name, "rows of different lengths", "one row of num_perm integers per signature"
+        ) from None
 
 
 def out_of_space(directory: Path, file: str, holder: str) -> str | None:

@@ -2199,3 +2199,41 @@ def test_add_signatures_equals_adding_the_texts(store_path: Path, tmp_path: Path
             with pytest.raises(DuplicateKeyError):
                 by_signature.add_signatures([("new", signatures[0]), ("k1", signatures[1])])
             assert len(by_signature) == 30 and "new" not in by_signature
+
+
+def test_a_read_only_open_needs_no_write_access_to_the_lock_file(tmp_path: Path) -> None:
+    """A read-only open opened neardup.lock for writing: on read-only media (a snapshot,
+    a backup disk) it failed with a raw OSError where LMDB reads the store fine (a
+    review's finding). Root may write any file, so the lock file here is one nobody can
+    open for writing, a directory (which can be opened to read and flock-ed)."""
+    path = tmp_path / "s"
+    with Store.open(path, create=True) as store:
+        store.add("a", "a document a reader without write access reads")
+    (path / "neardup.lock").unlink()
+    (path / "neardup.lock").mkdir()
+    with Store.open(path, read_only=True) as reader:
+        assert list(reader) == ["a"]
+
+
+def test_creating_many_bands_in_a_small_map_grows_it(tmp_path: Path) -> None:
+    """The empty tables of 1024 bands filled a 64 KiB map: a raw lmdb.MapFullError, and
+    a half-made directory that a plain open called an unfinished creation."""
+    path = tmp_path / "s"
+    with Store.open(path, create=True, num_perm=1024, bands=1024, rows=1, map_size=1 << 16):
+        pass
+    with Store.open(path) as store:
+        assert store.banding.bands == 1024 and store.check().ok
+
+
+@pytest.mark.parametrize("call", ["query_many", "add_signatures"])
+def test_signature_rows_of_different_lengths_are_a_typed_error(store: Store, call: str) -> None:
+    """query_many raised numpy's ValueError for them (add_signatures did not)."""
+    sig = store.hasher.signature("a document")
+    rows = [sig, sig[:8]]
+    run: Callable[[], object] = (
+        (lambda: store.query_many(signatures=rows))
+        if call == "query_many"
+        else (lambda: store.add_signatures(list(zip(["a", "b"], rows, strict=True))))
+    )
+    with pytest.raises(InvalidParameterError, match="different"):
+        run()
