@@ -530,22 +530,8 @@ def _threads_held_off(store: Store, operation: str) -> Iterator[None]:
     and never wait inside it: with no other transaction and no growth pending, a map
     growth finds nothing to wait for.
     """
-    with store._readers_lock:
-        state = store._thread_state
-        if getattr(state, "readers", 0) or getattr(state, "writing", False):
-            raise StoreBusyError(
-                str(store.path),
-                operation,
-                "inside a transaction of this thread (its work would be lost); call it "
-                "after the block",
-            )
-        if store._active_readers or store._growth_waiting:
-            raise StoreBusyError(
-                str(store.path),
-                operation,
-                "while other threads of this process have transactions open (or a pairs() "
-                "iterator); end them first, then retry",
-            )
+    with store._readers_done:
+        store._wait_for_transactions(operation, wait_s=0)
         yield
 
 

@@ -600,9 +600,21 @@ class Store:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the environment and release the lock (idempotent)."""
+        """Close the environment and release the lock (idempotent).
+
+        Closing ends every transaction of the environment, so it waits for those of
+        other threads (up to :data:`RESIZE_WAIT_S`), and new ones wait for it.
+
+        Raises:
+            StoreBusyError: the calling thread has a transaction (or a :meth:`pairs`
+                iterator) open, or other threads kept theirs open past the wait; the
+                store stays open.
+        """
         if self._env is not None and os.getpid() == self._pid:
-            self._env.close()
+            with self._readers_done:
+                self._wait_for_transactions("close the store")
+                self._env.close()
+                self._env = None
             _OPENED_BY.pop(self._identity, None)
         self._env = None
         self._band_cache = None
@@ -832,6 +844,29 @@ class Store:
     def _out_of_space(self) -> str | None:
         """Why the data file cannot grow (file-size limit or disk reached), or ``None``."""
         return out_of_space(self.path, "the data file", "the store")
+
+    def _wait_for_transactions(self, operation: str, wait_s: float = RESIZE_WAIT_S) -> None:
+        """Refuse while the calling thread has a transaction open, and wait up to
+        ``wait_s`` (holding ``_readers_done``) until other threads' have ended: ending
+        one under its thread lost its writes and gave that thread a raw LMDB error."""
+        state = self._thread_state
+        if getattr(state, "readers", 0) or getattr(state, "writing", False):
+            raise StoreBusyError(
+                str(self.path),
+                operation,
+                "inside a transaction of this thread; do it after the block (or once the "
+                "pairs() iterator is done)",
+            )
+        if not self._readers_done.wait_for(
+            lambda: self._active_readers == 0 and not self._growth_waiting, timeout=wait_s
+        ):
+            waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
+            raise StoreBusyError(
+                str(self.path),
+                operation,
+                f"while other threads of this process have transactions open{waited}; end "
+                "them first, then retry",
+            )
 
     def _env_info(self) -> dict[str, int]:
         """LMDB's ``env.info()``, with the lock a map growth holds: asked while another

@@ -2237,3 +2237,41 @@ def test_signature_rows_of_different_lengths_are_a_typed_error(store: Store, cal
     )
     with pytest.raises(InvalidParameterError, match="different"):
         run()
+
+
+def test_close_inside_a_transaction_of_its_thread_is_refused(store_path: Path) -> None:
+    """Closing under an open block ended it: its next call raised a raw lmdb.Error (a
+    review's finding). The store stays open, and the block goes on."""
+    store = Store.open(store_path, create=True)
+    with store.write() as txn:
+        with pytest.raises(StoreBusyError, match="inside a transaction of this thread"):
+            store.close()
+        txn.add("a", "a document added after the refused close")
+    store.close()
+    with Store.open(store_path) as again:
+        assert list(again) == ["a"]
+
+
+def test_close_waits_for_another_threads_write_to_commit(store_path: Path) -> None:
+    """A writer thread whose store another thread closed lost its add to a raw lmdb.Error."""
+    store = Store.open(store_path, create=True)
+    inside, failures = threading.Event(), []
+
+    def writer() -> None:
+        try:
+            with store.write() as txn:
+                txn.add("b", "a document a writer thread adds")
+                inside.set()
+                time.sleep(0.3)  # the close comes meanwhile
+                txn.add("c", "and another after it")
+        except BaseException as err:  # reported by the main thread
+            failures.append(err)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert inside.wait(30)
+    store.close()
+    thread.join(30)
+    assert not failures
+    with Store.open(store_path) as again:
+        assert sorted(again) == ["b", "c"]
