@@ -9,6 +9,7 @@ message, so callers never parse text.
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any
 
 _SHOWN = 120  # the most characters of a refused value an error message repeats
@@ -54,6 +55,21 @@ class InvalidParameterError(NeardupError, ValueError):
             shown = f"{shown[: _SHOWN - 20]}... ({len(shown)} characters)"
         super().__init__(f"{name}={shown} is not valid: expected {expected}")
         self.name, self.value, self.expected = name, value, expected
+
+
+def integer(value: object) -> int | None:
+    """``value`` as an ``int`` if it is an integer (numpy's included, which arrays hand
+    out), else ``None``; a bool is not one here."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def real(value: object) -> float | None:
+    """``value`` as a ``float`` if it is a real number (numpy's included), else ``None``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def check_flags(**flags: object) -> None:

@@ -39,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, integer
 from .hashing import U64, derive_keys, fmix64
 from .minhash import DEFAULT_NUM_PERM
 
@@ -95,9 +95,10 @@ class LSHParams:
 
     def __post_init__(self) -> None:
         for name in ("bands", "rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidParameterError(name, value, "an integer >= 1")
+            value = integer(getattr(self, name))
+            if value is None or value < 1:
+                raise InvalidParameterError(name, getattr(self, name), "an integer >= 1")
+            object.__setattr__(self, name, value)  # numpy's integers are made plain ints
         if self.keys not in KEY_SCHEMES:
             raise InvalidParameterError("keys", self.keys, f"one of {', '.join(KEY_SCHEMES)}")
 

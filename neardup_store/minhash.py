@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import kernels, streamed
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, integer
 from .hashing import U64, derive_keys, fmix64, high_bits_below
 from .text import ShingleBatch, ShingleConfig, Shingler, check_batch, single_document
 
@@ -70,14 +70,18 @@ class MinHashConfig:
     shingles: ShingleConfig = ShingleConfig()
 
     def __post_init__(self) -> None:
-        n = self.num_perm
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NUM_PERM:
-            raise InvalidParameterError("num_perm", n, f"an integer in [1, {MAX_NUM_PERM}]")
+        n = integer(self.num_perm)
+        if n is None or not 1 <= n <= MAX_NUM_PERM:
+            raise InvalidParameterError(
+                "num_perm", self.num_perm, f"an integer in [1, {MAX_NUM_PERM}]"
+            )
+        object.__setattr__(self, "num_perm", n)  # numpy's integers are made plain ints
         if self.scheme not in SCHEMES:
             raise InvalidParameterError("scheme", self.scheme, f"one of {', '.join(SCHEMES)}")
-        s = self.seed
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 1 << 64:
-            raise InvalidParameterError("seed", s, "an integer in [0, 2**64)")
+        s = integer(self.seed)
+        if s is None or not 0 <= s < 1 << 64:
+            raise InvalidParameterError("seed", self.seed, "an integer in [0, 2**64)")
+        object.__setattr__(self, "seed", s)
         if not isinstance(self.shingles, ShingleConfig):
             raise InvalidParameterError("shingles", self.shingles, "a ShingleConfig")
 

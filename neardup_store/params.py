@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, real
 from .lsh import LSHParams, choose_params
 from .minhash import MinHashConfig
 from .text import ShingleConfig
@@ -81,10 +81,7 @@ def resolve_params(
 
 
 def valid_threshold(threshold: object) -> float:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not 0.0 < float(threshold) <= 1.0
-    ):
+    value = real(threshold)
+    if value is None or not 0.0 < value <= 1.0:
         raise InvalidParameterError("threshold", threshold, "a number in (0, 1]")
-    return float(threshold)
+    return value

@@ -56,6 +56,7 @@ from .errors import (
     InputTypeError,
     InvalidParameterError,
     TextDecodeError,
+    integer,
 )
 from .hashing import SPAN_CONSTANTS, derive_keys, fmix64, span_hashes
 
@@ -118,12 +119,10 @@ class ShingleConfig:
             raise InvalidParameterError("kind", self.kind, f"one of {', '.join(SHINGLE_KINDS)}")
         if self.size is None:
             object.__setattr__(self, "size", _DEFAULT_SIZE[self.kind])
-        if (
-            isinstance(self.size, bool)
-            or not isinstance(self.size, int)
-            or not 1 <= self.size <= MAX_SHINGLE_SIZE
-        ):
+        size = integer(self.size)
+        if size is None or not 1 <= size <= MAX_SHINGLE_SIZE:
             raise InvalidParameterError("size", self.size, f"an integer in [1, {MAX_SHINGLE_SIZE}]")
+        object.__setattr__(self, "size", size)  # numpy's integers are made plain ints
         if self.kind == "stopword" and self.size < 2:
             raise InvalidParameterError("size", self.size, "an integer >= 2 for stop-word shingles")
         for flag in ("bag", "nfkc", "casefold", "collapse_whitespace", "strip", "allow_empty"):

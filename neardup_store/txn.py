@@ -38,6 +38,7 @@ from .errors import (
     TransactionAbortedError,
     TransactionConflictError,
     check_flags,
+    integer,
 )
 from .lsh import band_keys
 from .similarity import hashed_jaccard
@@ -697,9 +698,12 @@ def _check_one_of(text: object, signature: object, name: str) -> None:
 
 
 def _check_limit(limit: int | None) -> int | None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is None:
+        return None
+    value = integer(limit)
+    if value is None or value < 1:
         raise InvalidParameterError("limit", limit, "a positive integer or None")
-    return limit
+    return value
 
 
 class WriteTxn(ReadTxn):

@@ -8,10 +8,19 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from neardup_store import Store, errors
-from neardup_store.errors import KeyNotFoundError, NeardupError, ParamsMismatchError
+from neardup_store.errors import (
+    InvalidParameterError,
+    KeyNotFoundError,
+    NeardupError,
+    ParamsMismatchError,
+)
+from neardup_store.lsh import LSHParams
+from neardup_store.minhash import MinHashConfig
+from neardup_store.text import ShingleConfig
 
 _SAMPLES = {"str": "a/b", "object": b"v", "int": 7, "int | None": 3, "bool": True}
 
@@ -76,3 +85,30 @@ def test_get_of_a_missing_key_advises_what_get_takes(tmp_path: Path) -> None:
         assert "missing_ok" not in str(raised.value) and "in store" in str(raised.value)
         with pytest.raises(KeyNotFoundError, match="missing_ok=True"):
             store.remove("absent")
+
+
+def test_numpy_numbers_are_accepted_where_numbers_are(tmp_path: Path) -> None:
+    """np.int64(128) was refused as "not an integer", np.float32(0.5) as "not a number in
+    (0, 1]" (review findings). They are taken, and kept as plain Python numbers."""
+    config = MinHashConfig(num_perm=np.int64(64), seed=np.uint64(7))
+    shingles = ShingleConfig(size=np.int32(4))
+    banding = LSHParams(np.int64(8), np.int64(8))
+    assert (config.num_perm, config.seed, shingles.size, banding.bands, banding.rows) == (
+        64,
+        7,
+        4,
+        8,
+        8,
+    )
+    assert all(
+        type(value) is int
+        for value in (config.num_perm, config.seed, shingles.size, banding.bands, banding.rows)
+    )
+    with Store.open(
+        tmp_path / "s", create=True, num_perm=np.int64(64), bands=np.int64(8), rows=np.int64(8)
+    ) as store:
+        store.add_many([("a", "one document here"), ("b", "another text altogether")])
+        matches = store.query("one document here", threshold=np.float32(0.5), limit=np.int64(1))
+        assert [m.key for m in matches] == ["a"]
+    with pytest.raises(InvalidParameterError):
+        MinHashConfig(num_perm=np.float64(64.0))
