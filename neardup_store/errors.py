@@ -60,6 +60,8 @@ class InvalidParameterError(NeardupError, ValueError):
 def integer(value: object) -> int | None:
     """``value`` as an ``int`` if it is an integer (numpy's included, which arrays hand
     out), else ``None``; a bool is not one here."""
+    if type(value) is int:  # the usual case, without the slower ABC check (queries ask)
+        return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
     return None
@@ -67,6 +69,8 @@ def integer(value: object) -> int | None:
 
 def real(value: object) -> float | None:
     """``value`` as a ``float`` if it is a real number (numpy's included), else ``None``."""
+    if type(value) is float:  # as in integer()
+        return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     return None
