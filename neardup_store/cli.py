@@ -2,22 +2,26 @@
 
 Each command parses its options, makes one library call and renders the result: an
 aligned table for people, ``--json`` (JSON lines) for programs. Exit codes: 0 success,
-1 findings, 2 usage or input errors. Errors the package raises on purpose become one
-``Error:`` line; anything else is a bug and keeps its traceback. Rendering lives in
-:mod:`.cli_render`.
+1 findings, 2 usage or input errors (an output that cannot be written too), 130 after
+Ctrl-C, 141 when the reader of stdout has gone (``| head``). Errors the package raises on
+purpose become one ``Error:`` line; anything else is a bug and keeps its traceback.
+Rendering lives in :mod:`.cli_render`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal, NamedTuple
+from typing import IO, Any, Literal, NamedTuple, NoReturn
 
 import click
 
@@ -44,7 +48,8 @@ class InputError(click.ClickException):
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _named_stdout():
+                return super().invoke(ctx)
         except NeardupError as err:  # with its notes (what earlier batches committed)
             raise InputError(_cli_wording(_with_notes(err))) from err
         except KeyboardInterrupt as err:  # add and dedup report their own
@@ -58,7 +63,69 @@ class _Group(click.Group):
         except OSError as err:
             if err.filename is None:
                 raise  # not about a path the user named: a real failure, with its traceback
-            raise InputError(f"{err.filename}: {err.strerror or err}") from err
+            if err.errno == errno.EPIPE and err.filename == _STDOUT:
+                _reader_gone()
+            lead = f"{err.filename}: {err.strerror or err}"  # an output's notes say what is done
+            raise InputError(_with_notes(err, lead)) from err
+
+
+_STDOUT = "stdout"
+"""The name an error writing to standard output carries (see :class:`_NamedStream`)."""
+
+
+@contextlib.contextmanager
+def _named_stdout() -> Iterator[None]:
+    """Standard output, for the length of a command, as a stream whose errors name it."""
+    stdout = sys.stdout
+    if stdout is not None:  # None when closed (``>&-``): Click then prints nothing
+        sys.stdout = _NamedStream(stdout, _STDOUT)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = stdout
+
+
+class _NamedStream:
+    """A stream whose write errors carry its name as their file name, as an error on a
+    file the user named does: a stream's own errors name nothing, and a full disk under
+    ``> out.jsonl`` is an input error for the error wrapper to report, not a bug."""
+
+    def __init__(self, stream: Any, name: str) -> None:
+        self._stream, self._name = stream, name
+
+    def write(self, data: Any) -> int:
+        with self._naming():
+            return self._stream.write(data)
+
+    def flush(self) -> None:
+        with self._naming():
+            self._stream.flush()
+
+    @property
+    def buffer(self) -> _NamedStream:  # export writes its bytes here
+        return _NamedStream(self._stream.buffer, self._name)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._stream, attribute)
+
+    @contextlib.contextmanager
+    def _naming(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as err:
+            if err.filename is None:
+                err.filename = self._name
+            raise
+
+
+def _reader_gone() -> NoReturn:
+    """Stop quietly when stdout's reader has gone (``| head``), with the status of a
+    command that SIGPIPE stopped (141): neither success nor the code for findings."""
+    with contextlib.suppress(OSError, ValueError):  # no descriptor under a test runner
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
+        os.close(devnull)
+    raise click.exceptions.Exit(128 + signal.SIGPIPE)
 
 
 def _with_notes(err: BaseException, lead: str = "") -> str:
@@ -561,12 +628,7 @@ def add(
             _interrupted(err, ticker)
     ticker.close()
     if report is not None:
-        for skipped in result.skipped:
-            record = {"key": _plain(skipped.key), "skipped": skipped.reason}
-            record["matches"] = [_plain(k) for k in skipped.matching_keys]
-            report.write(json.dumps(record) + "\n")
-        for failure in result.failed:
-            report.write(json.dumps({"source": failure.source, "failed": failure.reason}) + "\n")
+        _write_report(report, result)
     summary = {
         "added": result.added,
         "replaced": result.replaced,
@@ -575,6 +637,26 @@ def add(
         "batches": result.batches_committed,
     }
     _report_failures(summary, result.failed, as_json, "see --report or --json")
+
+
+def _write_report(report: IO[str], result: ingest.IngestReport) -> None:
+    """``add --report``: skipped and failed inputs as JSON lines, flushed here, where a
+    write error can still be reported: at Click's close it would be dropped, with exit 0."""
+    try:
+        for skipped in result.skipped:
+            record = {"key": _plain(skipped.key), "skipped": skipped.reason}
+            record["matches"] = [_plain(k) for k in skipped.matching_keys]
+            report.write(json.dumps(record) + "\n")
+        for failure in result.failed:
+            report.write(json.dumps({"source": failure.source, "failed": failure.reason}) + "\n")
+        report.flush()
+    except OSError as err:
+        name = getattr(report, "name", "the report")
+        raise InputError(
+            f"{name}: cannot write the report ({err.strerror or err}); the documents were "
+            f"added ({result.added} added, {result.replaced} replaced, {len(result.skipped)} "
+            f"skipped, {len(result.failed)} failed), but the report was not written"
+        ) from err
 
 
 def _report_failures(
@@ -850,8 +932,13 @@ def pairs(path: str, threshold: float | None, fmt: str, fail_on_duplicates: bool
         neardup-admin pairs ./corpus.ndx --format csv --fail-on-duplicates
     """
     headers = ("first", "second", "score")
-    with open_store(path, readonly=True) as store:
-        found = _with_progress(store.pairs(threshold), "pairs")
+    with (
+        open_store(path, readonly=True) as store,
+        # Closed before the store, also when a write fails or Ctrl-C lands mid-walk: the
+        # store refuses to close under the iterator's open snapshot.
+        contextlib.closing(store.pairs(threshold)) as walk,
+    ):
+        found = _with_progress(walk, "pairs")
         if fmt == "csv":
             count = _count(found, lambda it: render.csv_rows(headers, it))
         elif fmt == "table":
@@ -1000,11 +1087,11 @@ def remove(
         neardup-admin remove ./corpus.ndx --from-file stale-keys.txt --missing-ok
         neardup-admin remove ./corpus.ndx --from-file takedowns.txt --batch-size auto
     """
-    wanted = list(keys)
-    if from_file is not None:
-        wanted += _key_lines(from_file)
-    if not wanted:
+    if not keys and from_file is None:
         raise click.UsageError("give keys as arguments or with --from-file")
+    wanted = list(keys)
+    if from_file is not None:  # an empty file is no mistake: nothing is stale today
+        wanted += _key_lines(from_file)
     with open_store(path, readonly=False) as store:
         removed = store.remove_many(wanted, missing_ok=missing_ok, batch_size=batch_size)
     if as_json:

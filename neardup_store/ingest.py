@@ -966,11 +966,33 @@ def _dedup_batch(
 
 
 def _write_synced(out: IO[bytes], chunks: list[bytes]) -> int:
+    """Write a batch's lines and fsync them, before the batch commits.
+
+    Straight to the file descriptor: a buffered write that fails keeps its bytes, and the
+    close would fail on them again with an error that names no file. The error raised here
+    names the file, and says what is committed, since it aborts the batch.
+    """
     data = b"".join(chunks)
-    out.write(data)
-    out.flush()
-    os.fsync(out.fileno())
+    try:
+        out.flush()
+        _write_all(out.fileno(), data)
+        os.fsync(out.fileno())
+    except OSError as err:
+        if err.filename is None:
+            err.filename = getattr(out, "name", None)
+        err.add_note(
+            "nothing of this batch was committed, any batches before it were: once the file "
+            "can be written, run the same command again to resume after them"
+        )
+        raise
     return len(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (it may write less)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _save_state(

@@ -550,9 +550,17 @@ def _mapped(path: Path) -> Iterator[mmap.mmap | bytes]:
         try:
             yield mapped
         finally:
-            mapped.close()
+            _unmap(mapped)
     finally:
         os.close(fd)
+
+
+def _unmap(mapped: mmap.mmap) -> None:
+    """Unmap now unless views of the map are alive, as they are in the frames of an error
+    propagating from the walk: then the garbage collector unmaps it once they are gone, and
+    the error (a Ctrl-C, say) goes on as itself instead of becoming ``BufferError``."""
+    with suppress(BufferError):
+        mapped.close()
 
 
 def walk(

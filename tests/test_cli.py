@@ -1280,3 +1280,146 @@ def test_query_file_a_codec_refuses_is_one_error_line(runner: CliRunner, tmp_pat
     result = _run(runner, "query", store, "--file", bad, "--encoding", "idna")
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"Error: {bad}: not valid idna (")
+
+
+# -- outputs that cannot be written, empty key lists, Ctrl-C during check ---------------------
+
+_FULL = Path("/dev/full")
+_needs_dev_full = pytest.mark.skipif(not _FULL.exists(), reason="needs /dev/full (Linux)")
+
+
+@_needs_dev_full
+def test_add_report_that_cannot_be_written_is_an_error_after_the_add(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """The report's write error came at close, which Click swallows: exit 0 and the skipped
+    list lost without a word (a review's finding)."""
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store, "--threshold", 0.5).exit_code == 0
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    result = _run(runner, "add", store, archive, "--jsonl", "--unique", "--report", _FULL)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"Error: {_FULL}: cannot write the report (No space left on device)")
+    assert line.endswith(
+        "; the documents were added (3 added, 0 replaced, 2 skipped, 0 failed), but the "
+        "report was not written"
+    )
+    with Store.open(store, read_only=True) as opened:
+        assert len(opened) == 3
+
+
+def _admin(*args: object, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "neardup_store", *map(str, args)]
+    return subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False, **kwargs)
+
+
+@_needs_dev_full
+@pytest.mark.parametrize("command", ["pairs", "query", "clusters", "export"])
+def test_a_full_stdout_is_one_error_line_with_exit_2(
+    store_path: Path, near_dup_corpus: dict[str, str], command: str
+) -> None:
+    """A write error on stdout has no file name, so it was taken for a bug: a traceback
+    and exit 1, the code for findings (a review's finding)."""
+    args = {
+        "pairs": ["pairs", store_path, "--json"],
+        "query": ["query", store_path, "--text", near_dup_corpus["storm-a"], "--json"],
+        "clusters": ["clusters", store_path],
+        "export": ["export", store_path, "-"],
+    }[command]
+    with _FULL.open("wb") as full:
+        done = _admin(*args, stdout=full)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == ["Error: stdout: No space left on device"]
+
+
+@_needs_dev_full
+@pytest.mark.parametrize("output", ["--keep", "--dropped"])
+def test_dedup_output_that_cannot_be_written_says_what_was_committed(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], output: str
+) -> None:
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = _dedup_args(archive, tmp_path)
+    args[args.index(output) + 1] = _FULL
+    result = _run(runner, *args, "--json")
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"Error: {_FULL}: No space left on device",
+        "nothing of this batch was committed, any batches before it were: once the file "
+        "can be written, run the same command again to resume after them",
+    ]
+    with Store.open(tmp_path / "d.ndx", read_only=True) as opened:
+        assert len(opened) == 0  # the only batch was not committed
+
+
+def test_a_reader_that_closes_stdout_stops_the_command_quietly(store_path: Path) -> None:
+    """``... | head``: Click's default exited 1, the code for findings; now 141, the
+    status of a command that SIGPIPE stopped, with nothing on stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neardup_store", "pairs", str(store_path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # the reader is gone before the first pair is written
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 141, err
+    assert err == b""
+
+
+def test_remove_with_an_empty_key_file_removes_nothing(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    """An empty --from-file was the usage error for giving no keys at all (a review's
+    finding): a scheduled "remove what is stale" failed on a day with nothing stale."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    from_file = _run(runner, "remove", store_path, "--from-file", empty, "--json")
+    assert from_file.exit_code == 0, from_file.output
+    assert _jsonl(from_file.output) == [{"removed": 0, "asked": 0}]
+    stdin = _run(runner, "remove", store_path, "--from-file", "-", "--missing-ok", input="")
+    assert stdin.exit_code == 0 and stdin.output == "Removed 0 of 0 documents.\n"
+    nothing = _run(runner, "remove", store_path)
+    assert nothing.exit_code == 2 and "give keys as arguments or with --from-file" in nothing.output
+    with Store.open(store_path, read_only=True) as opened:
+        assert len(opened) == 5
+
+
+_CHECK_HELD_IN_THE_WALK = """
+import sys, time
+from neardup_store import cli, lmdbfile
+
+real_page = lmdbfile._Walker.page
+
+def page(walker, pgno, tree):
+    found = real_page(walker, pgno, tree)  # a view of the mapped file, alive in this frame
+    print("walking", file=sys.stderr, flush=True)
+    time.sleep(60)  # Ctrl-C lands here
+    return found
+
+lmdbfile._Walker.page = page
+sys.argv = ["neardup-admin", "check", sys.argv[1], "--json"]
+cli.main()
+"""
+
+
+def test_ctrl_c_during_the_page_walk_of_check_exits_130(store_path: Path) -> None:
+    """A real SIGINT while the walk holds a view of the mapped file (held there on purpose,
+    as a large store's walk does for seconds): the unmapping raised BufferError over the
+    KeyboardInterrupt, a traceback and exit 1, the code for violations found (a review's
+    finding)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _CHECK_HELD_IN_THE_WALK, str(store_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stderr is not None
+    assert process.stderr.readline() == "walking\n"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert out == "" and err.splitlines() == ["interrupted"]

@@ -308,3 +308,26 @@ def test_main_table_root_out_of_the_file_is_a_typed_error(
     flip(copy, [(root + 4, 0x20)])
     with pytest.raises(CorruptStoreError):
         Store.open(copy, create=create)
+
+
+# -- the mapped file under an exception -----------------------------------------------------
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_an_error_during_the_walk_propagates_as_itself(
+    reference: Reference, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]
+) -> None:
+    """The walk unmapped the file while the propagating error's frames still held views of
+    it, so ``BufferError: cannot close exported pointers exist`` replaced a Ctrl-C (exit 1
+    from ``check``, not 130) or any other error (a review's finding)."""
+    real_page = lmdbfile._Walker.page
+
+    def page(walker: lmdbfile._Walker, pgno: int, tree: str) -> tuple[int, memoryview]:
+        held = real_page(walker, pgno, tree)  # a view of the map, alive in this frame
+        raise error(f"raised while holding page {held[0]}")
+
+    monkeypatch.setattr(lmdbfile._Walker, "page", page)
+    with pytest.raises(error, match="raised while holding page"):
+        lmdbfile.walk(reference.path / "data.mdb")
+    monkeypatch.undo()
+    assert lmdbfile.walk(reference.path / "data.mdb").problems == []
