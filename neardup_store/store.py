@@ -610,9 +610,18 @@ class Store:
                 iterator) open, or other threads kept theirs open past the wait; the
                 store stays open.
         """
+        self._close(force=False)
+
+    def _close(self, force: bool) -> None:
+        """:meth:`close`; ``force`` closes even where it would refuse (an error is on its
+        way out of a ``with`` block, and must not be replaced by the refusal)."""
         if self._env is not None and os.getpid() == self._pid:
             with self._readers_done:
-                self._wait_for_transactions("close the store")
+                try:
+                    self._wait_for_transactions("close the store")
+                except StoreBusyError:
+                    if not force:
+                        raise
                 self._env.close()
                 self._env = None
             _OPENED_BY.pop(self._identity, None)
@@ -625,8 +634,8 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._close(force=exc_type is not None)
 
     def __repr__(self) -> str:
         state = "closed" if self._env is None else ("read-only" if self.read_only else "open")

@@ -2275,3 +2275,19 @@ def test_close_waits_for_another_threads_write_to_commit(store_path: Path) -> No
     assert not failures
     with Store.open(store_path) as again:
         assert sorted(again) == ["b", "c"]
+
+
+def test_an_error_leaving_a_store_block_is_not_replaced_by_a_refused_close(
+    store_path: Path,
+) -> None:
+    """A pairs() iterator still open when an error leaves the with block: the close that
+    would be refused (its snapshot is open) closes anyway, and the error goes on."""
+    store = Store.open(store_path, create=True)
+    store.add_many([("a", "one text about storms"), ("b", "one text about storms!")])
+    walk = store.pairs(0.5)
+    next(walk)
+    with pytest.raises(StoreBusyError):  # without an error on its way out: refused
+        store.__exit__(None, None, None)
+    error = ZeroDivisionError("the block's own error")
+    assert store.__exit__(type(error), error, None) is None  # closes, does not raise
+    assert repr(store).endswith("closed>")
