@@ -22,18 +22,24 @@ Why it can answer for a snapshot without replaying what each commit changed:
   cache. Before its first write it reads the snapshot it began on (numbered one below
   its own transaction id), and the cache catches up with that, never with records the
   transaction wrote, which an abort could hand out again.
-* A record the cache cannot parse (damage) has no entries in it: a snapshot that still
-  holds one queries through LMDB, whose band tables find the document and whose read of
-  it raises :class:`~.CorruptRecordError`, as without a cache.
+* A record the cache cannot parse or whose checksum fails (damage) has no entries in
+  it: a snapshot that still holds one queries through LMDB, whose band tables find the
+  document under its original buckets and whose read of it raises
+  :class:`~.CorruptRecordError`, as without a cache. (Indexed from damaged bytes that
+  still parse, it would sit under the wrong buckets: missed where LMDB raises.)
 
 Candidates are the same as LMDB's: the cache keys each entry by the bytes of the band key
 the store's :class:`~.codec.BandLayout` keeps (40 bits in formats 4 and 5). Entries of removed
 documents stay until they outnumber the live ones, when the cache is rebuilt.
 
-Memory is 16 bytes a slot per band, between 60 % and 80 % full (linear probing slows
-sharply past that): about 180-240 bytes per document with 9 bands. Thread-safe: the
-compiled loops hold the GIL, catching up is serialised, and a reader keeps the tables it
-was handed (a rebuild makes new ones) with the snapshot they were caught up for.
+Each distinct bucket has one slot on the probe paths (its head); a bucket of several
+documents chains them through slots of their own, so that boilerplate shared by k
+documents costs O(1) an insert and does not lengthen other keys' probes. Memory is 16
+bytes a slot per band (a slot a document, one more for each bucket of several), between
+60 % and 80 % full (linear probing slows sharply past that): about 180-240 bytes per
+document with 9 bands. Thread-safe: the compiled loops hold the GIL, catching up is
+serialised, and a reader keeps the tables it was handed (a rebuild makes new ones) with
+the snapshot they were caught up for.
 """
 
 from __future__ import annotations
@@ -53,41 +59,79 @@ if TYPE_CHECKING:
     from .store import Store
 
 Table = npt.NDArray[np.uint64]
-"""``(bands, capacity, 2)``: each slot's kept band key and its document id + 1 (0: empty)."""
+"""``(bands, capacity, 2)``, two words a slot (second word 0: empty). A bucket's *head*
+holds its kept band key and either its one document's id + 1 or ``_CHAIN`` + the slot
+of its newest *member*; a member holds the next (older) member's slot + 1 (0: none) and
+``_MEMBER`` + a document's id + 1. Ids are below 2**62."""
 
 # A key's first slot: its top 32 bits after a Fibonacci multiply (2**64 / golden ratio,
 # which spreads every bit of the key into them), scaled to the capacity (below 2**32).
 _FIBONACCI = np.uint64(0x9E3779B97F4A7C15)
 _HALF = np.uint64(32)
+_MEMBER = np.uint64(1 << 63)
+_CHAIN = np.uint64(1 << 62)
 _MAX_LOAD = 0.8  # a table this full grows to
 _GROWN_LOAD = 0.6  # this load (open addressing slows down sharply past 0.8)
 _MIN_CAPACITY = 1 << 10
 _CHUNK = 8192  # records read and indexed per step while catching up
 _NO_KEYS = np.empty((0, 0), dtype=np.uint64)
 _NO_MULTIPLIERS = np.empty(0, dtype=np.uint64)
+# xxh64's primes: a record's checksum is xxh64 (seed 0) of its bytes before it.
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5 = np.uint64(0x27D4EB2F165667C5)
+_MINUS_P1 = np.uint64(2**64 - 0x9E3779B185EBCA87)
 
 
-def _insert(table: Table, kept: Table, ids: Table) -> int:
-    """Add document ``ids[i]``'s bucket ``kept[i, band]`` to each band; returns the
-    number of entries added (an entry already present is not added twice)."""
-    bands, capacity = table.shape[0], table.shape[1]
+def _insert(table: Table, keys: Table, tags: Table, used: int, limit: int) -> tuple[int, int, int]:
+    """Add the entries ``(keys[i], tags[i])`` (tag: a document's id + 1) to one band's
+    ``(capacity, 2)`` table, which has ``used`` slots taken, stopping before an entry that
+    could take it past ``limit``. Returns ``(entries done, slots taken, entries added)``;
+    an entry already newest in its bucket is not added twice.
+
+    A bucket has one head, so each of its k documents costs O(1) to add and the bucket
+    one slot on other keys' probe paths; its members lie where ``(key, tag)`` hashes.
+    (Linear probing over plain entries kept a key's k entries in one run: O(k) an insert,
+    and a run that every probe landing in it had to cross.)
+    """
+    capacity = table.shape[0]
+    size = np.uint64(capacity)
     added = 0
-    for i in range(kept.shape[0]):
-        tag = ids[i] + np.uint64(1)
-        for band in range(bands):
-            key = kept[i, band]
-            slot = np.int64((((key * _FIBONACCI) >> _HALF) * np.uint64(capacity)) >> _HALF)
-            while True:
-                found = table[band, slot, 1]
-                if found == 0:
-                    table[band, slot, 0] = key
-                    table[band, slot, 1] = tag
-                    added += 1
-                    break
-                if found == tag and table[band, slot, 0] == key:
-                    break
-                slot = slot + 1 if slot + 1 < capacity else 0
-    return added
+    for i in range(len(keys)):
+        if used + 2 > limit:  # a bucket of one turning into a chain takes two slots
+            return i, used, added
+        key, tag = keys[i], tags[i]
+        head = np.int64((((key * _FIBONACCI) >> _HALF) * size) >> _HALF)
+        while table[head, 1] != 0 and (table[head, 1] >= _MEMBER or table[head, 0] != key):
+            head = head + 1 if head + 1 < capacity else 0
+        value = table[head, 1]
+        if value == 0:  # a new bucket
+            table[head, 0], table[head, 1] = key, tag
+            used, added = used + 1, added + 1
+            continue
+        if value < _CHAIN:  # a bucket of one: its id moves to a member first
+            if value == tag:
+                continue
+            spot = key ^ (value * _FIBONACCI)  # members spread out, not in one run
+            at = np.int64((((spot * _FIBONACCI) >> _HALF) * size) >> _HALF)
+            while table[at, 1] != 0:
+                at = at + 1 if at + 1 < capacity else 0
+            table[at, 0], table[at, 1] = 0, _MEMBER | value
+            table[head, 1] = _CHAIN | np.uint64(at)
+            used += 1
+        newest = table[head, 1] & ~_CHAIN
+        if table[np.int64(newest), 1] == _MEMBER | tag:
+            continue
+        spot = key ^ (tag * _FIBONACCI)
+        at = np.int64((((spot * _FIBONACCI) >> _HALF) * size) >> _HALF)
+        while table[at, 1] != 0:
+            at = at + 1 if at + 1 < capacity else 0
+        table[at, 0], table[at, 1] = newest + np.uint64(1), _MEMBER | tag
+        table[head, 1] = _CHAIN | np.uint64(at)
+        used, added = used + 1, added + 1
+    return len(keys), used, added
 
 
 def _probe(
@@ -111,6 +155,7 @@ def _probe(
     first ones and the caller asks again with room for all.
     """
     bands, capacity = table.shape[0], table.shape[1]
+    size = np.uint64(capacity)
     queries = len(kept) if len(multipliers) == 0 else len(sigs)
     rows = len(multipliers) // bands
     n = 0
@@ -123,34 +168,105 @@ def _probe(
                 key >>= keep
             else:
                 key = kept[q, band]
-            slot = np.int64((((key * _FIBONACCI) >> _HALF) * np.uint64(capacity)) >> _HALF)
-            while True:
-                tag = table[band, slot, 1]
-                if tag == 0:
-                    break
-                if table[band, slot, 0] == key:
-                    if n < len(out):
-                        out[n] = tag - np.uint64(1)
-                    n += 1
+            slot = np.int64((((key * _FIBONACCI) >> _HALF) * size) >> _HALF)
+            value = table[band, slot, 1]
+            while value != 0 and (value >= _MEMBER or table[band, slot, 0] != key):
                 slot = slot + 1 if slot + 1 < capacity else 0
+                value = table[band, slot, 1]
+            if value != 0 and value < _CHAIN:  # a bucket of one
+                if n < len(out):
+                    out[n] = value - np.uint64(1)
+                n += 1
+            elif value != 0:  # a chain, newest member first
+                at = value & ~_CHAIN
+                while True:
+                    if n < len(out):
+                        out[n] = (table[band, at, 1] & ~_MEMBER) - np.uint64(1)
+                    n += 1
+                    at = table[band, at, 0]
+                    if at == 0:
+                        break
+                    at -= np.uint64(1)
         ends[q] = n
     return n
 
 
-def _rehash(old: Table, table: Table) -> None:
-    """Move every entry of ``old`` into the empty, larger ``table``."""
-    capacity = table.shape[1]
-    for band in range(old.shape[0]):
-        for i in range(old.shape[1]):
-            tag = old[band, i, 1]
-            if tag == 0:
-                continue
-            key = old[band, i, 0]
-            slot = np.int64((((key * _FIBONACCI) >> _HALF) * np.uint64(capacity)) >> _HALF)
-            while table[band, slot, 1] != 0:
-                slot = slot + 1 if slot + 1 < capacity else 0
-            table[band, slot, 0] = key
-            table[band, slot, 1] = tag
+def _band_entries(table: Table, keys: Table, tags: Table) -> int:
+    """Every entry of one band's ``(capacity, 2)`` table into ``keys`` and ``tags``, each
+    bucket's in the order they were added (so that a rehash keeps each chain's order);
+    returns how many."""
+    n = 0
+    for slot in range(table.shape[0]):
+        value = table[slot, 1]
+        if value == 0 or value >= _MEMBER:
+            continue
+        key = table[slot, 0]
+        if value < _CHAIN:
+            keys[n], tags[n] = key, value
+            n += 1
+            continue
+        count, at = 0, value & ~_CHAIN
+        while True:  # the chain's length first: it lists the newest first
+            count += 1
+            at = table[at, 0]
+            if at == 0:
+                break
+            at -= np.uint64(1)
+        at = value & ~_CHAIN
+        for back in range(n + count - 1, n - 1, -1):
+            keys[back], tags[back] = key, table[at, 1] & ~_MEMBER
+            at = table[at, 0] - np.uint64(1)
+        n += count
+    return n
+
+
+def _record_checksums(
+    words: Table, starts: npt.NDArray[np.int64], ok: npt.NDArray[np.bool_]
+) -> None:
+    """Clear ``ok[i]`` unless the record ``starts[i]:starts[i + 1]`` ends with the xxh64
+    (seed 0) of its other bytes, as :mod:`.codec` writes it: a damaged record that still
+    parses must not be indexed under the damaged values. ``words[p]`` is the uint64 LE at
+    byte ``p`` of the records (:func:`_words`), and a byte is ``words[p] & 0xFF``."""
+    lanes = np.empty(4, dtype=np.uint64)
+    for i in range(len(starts) - 1):
+        lo, end = starts[i], starts[i + 1] - 8
+        if end < lo:
+            ok[i] = False
+            continue
+        p, h = lo, _P5
+        if end - lo >= 32:
+            lanes[0], lanes[1], lanes[2], lanes[3] = _P1 + _P2, _P2, 0, _MINUS_P1
+            while p + 32 <= end:
+                for lane in range(4):
+                    v = lanes[lane] + words[p] * _P2
+                    lanes[lane] = ((v << np.uint64(31)) | (v >> np.uint64(33))) * _P1
+                    p += 8
+            h = np.uint64(0)
+            for lane, turn in enumerate((1, 7, 12, 18)):
+                v = lanes[lane]
+                h += (v << np.uint64(turn)) | (v >> np.uint64(64 - turn))
+            for lane in range(4):
+                v = lanes[lane] * _P2
+                h ^= ((v << np.uint64(31)) | (v >> np.uint64(33))) * _P1
+                h = h * _P1 + _P4
+        h += np.uint64(end - lo)
+        while p + 8 <= end:
+            v = words[p] * _P2
+            h ^= ((v << np.uint64(31)) | (v >> np.uint64(33))) * _P1
+            h = ((h << np.uint64(27)) | (h >> np.uint64(37))) * _P1 + _P4
+            p += 8
+        if p + 4 <= end:
+            h ^= (words[p] & np.uint64(0xFFFFFFFF)) * _P1
+            h = ((h << np.uint64(23)) | (h >> np.uint64(41))) * _P2 + _P3
+            p += 4
+        while p < end:
+            h ^= (words[p] & np.uint64(0xFF)) * _P5
+            h = ((h << np.uint64(11)) | (h >> np.uint64(53))) * _P1
+            p += 1
+        h = (h ^ (h >> np.uint64(33))) * _P2
+        h = (h ^ (h >> np.uint64(29))) * _P3
+        h ^= h >> np.uint64(32)
+        ok[i] = ok[i] and h == words[end]
 
 
 def _record_signatures(
@@ -191,11 +307,33 @@ def _loops() -> Any:
         {
             "insert": _insert,
             "probe": _probe,
-            "rehash": _rehash,
+            "band_entries": _band_entries,
+            "checksums": _record_checksums,
             "signatures": _record_signatures,
         },
         nogil=False,  # readers and the catching-up thread must not interleave inside a loop
     )
+
+
+def _read_signatures(
+    records: list[bytes], num_perm: int
+) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]]:
+    """The signatures of ``records``, and which records are sound: verified by their
+    checksum and parsed as ``num_perm`` values (the other rows are undefined)."""
+    starts = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in records], out=starts[1:])
+    buf = np.frombuffer(b"".join([*records, bytes(8)]), dtype=np.uint8)
+    sigs = np.empty((len(records), num_perm), dtype=np.uint32)
+    ok = np.empty(len(records), dtype=np.bool_)
+    _loops().signatures(buf, starts, num_perm, sigs, ok)
+    _loops().checksums(_words(buf), starts, ok)
+    return sigs, ok
+
+
+def _words(buf: npt.NDArray[np.uint8]) -> Table:
+    """The uint64 LE at each byte of ``buf`` but its last 7 (unaligned, overlapping): the
+    checksum reads 8 bytes a load, not one byte at a time (5x faster)."""
+    return np.ndarray((len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
 
 
 class _Tables:
@@ -206,25 +344,55 @@ class _Tables:
     a reader holding one is never left with less than its snapshot needs.
     """
 
-    __slots__ = ("entries", "next_id", "table", "unparsed")
+    __slots__ = ("entries", "next_id", "table", "unparsed", "used")
 
     def __init__(self, bands: int, capacity: int = _MIN_CAPACITY) -> None:
         self.table: Table = np.zeros((bands, capacity, 2), dtype=np.uint64)
+        self.used = np.zeros(bands, dtype=np.int64)  # slots taken in each band
         self.entries = 0
         self.next_id = 0  # records from this id on are not in the tables yet
         self.unparsed: tuple[bytes, ...] = ()  # ids of damaged records, not in the tables
 
-    def grown(self, entries: int) -> _Tables:
-        """These tables, or a larger copy if ``entries`` would fill them past the maximum
-        load (sized for the grown load, so that memory follows the entries)."""
-        bands, capacity = self.table.shape[0], self.table.shape[1]
-        needed = entries // bands
-        if needed <= _MAX_LOAD * capacity:
+    @property
+    def limit(self) -> int:
+        """Slots a band may take before its table must grow."""
+        return int(_MAX_LOAD * self.table.shape[1])
+
+    def grown(self, slots: int) -> _Tables:
+        """These tables, or a larger copy if a band taking ``slots`` would fill them past
+        the maximum load (sized for the grown load, so that memory follows the entries)."""
+        if slots <= self.limit:
             return self
-        copy = _Tables(bands, int(needed / _GROWN_LOAD) + 1)
-        _loops().rehash(self.table, copy.table)
-        copy.entries, copy.next_id, copy.unparsed = self.entries, self.next_id, self.unparsed
+        bands = self.table.shape[0]
+        copy = _Tables(bands, int(slots / _GROWN_LOAD) + 1)
+        keys = np.empty(int(self.used.max()), dtype=np.uint64)
+        tags = np.empty_like(keys)
+        for band in range(bands):
+            count = _loops().band_entries(self.table[band], keys, tags)
+            copy.add(band, keys[:count], tags[:count])
+        copy.next_id, copy.unparsed = self.next_id, self.unparsed
         return copy
+
+    def add(self, band: int, keys: Table, tags: Table) -> int:
+        """Add the entries ``(keys[i], tags[i])`` to ``band`` in place; returns how many
+        were done: fewer than all when the band is full, which must grow first."""
+        done, used, added = _loops().insert(
+            self.table[band], keys, tags, int(self.used[band]), self.limit
+        )
+        self.used[band] = used
+        self.entries += added
+        return int(done)
+
+    def with_documents(self, kept: Table, tags: Table) -> _Tables:
+        """These tables, or a larger copy, with the band keys ``kept`` (a row each) of the
+        documents ``tags`` (ids + 1)."""
+        tables = self.grown(int(self.used.max()) + len(tags))
+        for band, keys in enumerate(np.ascontiguousarray(kept.T)):
+            done = tables.add(band, keys, tags)
+            while done < len(keys):  # a bucket turning into a chain takes two slots
+                tables = tables.grown(int(tables.used[band]) + len(keys) - done + 2)
+                done += tables.add(band, keys[done:], tags[done:])
+        return tables
 
 
 class BandCache:
@@ -251,8 +419,8 @@ class BandCache:
     def ready_for(self, txn: lmdb.Transaction, snapshot: int | None = None) -> CacheLookup | None:
         """Lookups that answer for the snapshot ``txn`` reads (after catching up with it),
         or ``None`` if the cache cannot answer for it: an older snapshot, or one holding a
-        record the cache could not parse (LMDB's band tables find that document, and
-        reading it raises :class:`~.CorruptRecordError`). ``snapshot`` numbers it when
+        record the cache could not parse or verify (LMDB's band tables find that document,
+        and reading it raises :class:`~.CorruptRecordError`). ``snapshot`` numbers it when
         ``txn.id()`` does not: a write transaction that has not written reads the snapshot
         before its own number."""
         snapshot = txn.id() if snapshot is None else snapshot
@@ -307,7 +475,7 @@ class BandCache:
         if tables.entries > 2 * bands * live + tables.table.shape[1] // 4:
             tables = _Tables(bands)  # readers of the old tables keep them whole
         if tables.entries == 0:
-            tables = tables.grown(bands * live)
+            tables = tables.grown(live)
         with txn.cursor(db=store._docs_db) as cursor:
             if not cursor.set_range(codec.encode_id(tables.next_id)):
                 return tables
@@ -324,17 +492,9 @@ class BandCache:
         return tables
 
     def _add_records(self, tables: _Tables, ids: list[bytes], records: list[bytes]) -> _Tables:
-        num_perm = self._store.config.num_perm
-        starts = np.zeros(len(records) + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in records], out=starts[1:])
-        buf = np.frombuffer(b"".join(records), dtype=np.uint8)
-        sigs = np.empty((len(records), num_perm), dtype=np.uint32)
-        ok = np.empty(len(records), dtype=np.bool_)
-        _loops().signatures(buf, starts, num_perm, sigs, ok)
+        sigs, ok = _read_signatures(records, self._store.config.num_perm)
         doc_ids = codec.decode_ids(ids)
-        tables = tables.grown(tables.entries + self._store.banding.bands * int(ok.sum()))
-        added = _loops().insert(tables.table, self.kept(sigs[ok]), doc_ids[ok])
-        tables.entries += added
+        tables = tables.with_documents(self.kept(sigs[ok]), doc_ids[ok] + np.uint64(1))
         if not ok.all():
             tables.unparsed += tuple(ids[i] for i in np.flatnonzero(~ok).tolist())
         tables.next_id = max(tables.next_id, int(doc_ids[-1]) + 1)

@@ -442,6 +442,55 @@ def test_a_record_the_cache_cannot_parse_sends_queries_through_lmdb_until_it_is_
         assert found == direct and found[0][5] == [] and keys_of(found[0][150]) == ["d150"]
 
 
+def test_a_record_that_parses_but_fails_its_checksum_is_not_indexed(tmp_path: Path) -> None:
+    """A flipped signature byte leaves a record that parses, but LMDB's band tables keep
+    the document under its original buckets, where a query finds it and raises
+    CorruptRecordError. Indexed from the damaged bytes, the cache answered ``[]`` for
+    that query, and raised for queries near the damaged values that LMDB answers: it
+    must treat the record as unparsed instead (review 2, finding 1)."""
+    rng = np.random.default_rng(31)
+    sigs = random_sigs(rng, 200)
+    near_original = random_sigs(rng, 1)[0]
+    near_original[:13] = sigs[5, :13]  # shares band 0 with d5 as stored in LMDB
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        with store.write() as writer:  # d5's first signature value flipped, checksum kept
+            docs = store._docs_db
+            doc_id = writer._lookup("d5")[0]
+            record = bytearray(writer.txn.get(doc_id, db=docs))
+            key_len = int.from_bytes(record[4:8], "little")
+            record[codec.RECORD_HEADER_BYTES + key_len] ^= 0xFF
+            writer.txn.put(doc_id, bytes(record), db=docs)
+        near_damaged = near_original.copy()
+        near_damaged[0] ^= 0xFF  # shares band 0 with d5 as damaged
+        with store.read() as txn:
+            for query in (near_original, near_damaged, sigs[150]):
+                direct = without_cache(store, lambda q=query: answer_or_error(txn, q))
+                assert answer_or_error(txn, query) == direct
+            assert answer_or_error(txn, near_original) == "CorruptRecordError"
+            assert answer_or_error(txn, near_damaged) == []
+        store.remove("d5")  # the cache answers again once the record is gone
+        with store.read() as txn:
+            found, direct = cached_and_direct(store, lambda: signature_questions(txn, sigs))
+        assert found == direct and found[0][5] == [] and keys_of(found[0][150]) == ["d150"]
+
+
+def answer_or_error(txn: ReadTxn, query: npt.NDArray[np.uint32]) -> list[Match] | str:
+    try:
+        return txn.query(signature=query)
+    except CorruptRecordError as err:
+        return type(err).__name__
+
+
+def without_cache(store: Store, ask: Callable[[], T]) -> T:
+    """``ask()`` answered through LMDB's band tables (the cache set aside)."""
+    cache, store._band_cache = store._band_cache, None
+    try:
+        return ask()
+    finally:
+        store._band_cache = cache
+
+
 # -- write transactions --------------------------------------------------------------------------
 
 
@@ -704,6 +753,83 @@ def test_the_cache_merges_buckets_exactly_as_the_band_tables_do(
         assert answers[1] == [Match("target", 1.0)]
 
 
+# -- large buckets ---------------------------------------------------------------------------------
+
+
+def longest_run(table: npt.NDArray[np.uint64]) -> int:
+    """The most consecutive taken slots in any band of the cache's ``(bands, capacity, 2)``
+    table: what an insert or a probe landing at the start of the run has to cross."""
+    longest = 0
+    for band in table:
+        taken = np.concatenate([[False], band[:, 1] != 0, [False]])
+        edges = np.flatnonzero(np.diff(taken.astype(np.int8)))
+        longest = max(longest, int(np.max(edges[1::2] - edges[::2], initial=0)))
+    return longest
+
+
+def test_a_bucket_of_many_copies_takes_no_long_run_of_slots(tmp_path: Path) -> None:
+    """Exact copies (boilerplate) share every bucket. With linear probing over plain
+    entries, k copies filled one run of k slots per band: each insert crossed the run
+    (quadratic catch-up, the GIL held) and so did every probe landing in it, which made
+    the cache slower than LMDB (review 2, finding 2). A bucket must take one slot on
+    other keys' paths, and the cache the same memory as for distinct documents."""
+    rng = np.random.default_rng(32)
+    copy, others = random_sigs(rng, 1)[0], random_sigs(rng, 3000)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("r", others) + [(f"c{i}", copy) for i in range(3000)])
+        queries = np.concatenate([near_copies(rng, others[:100]), random_sigs(rng, 50)])
+        answers = assert_same_answers(store, np.concatenate([[copy], queries]))
+        assert [m.key for m in answers[0]] == [f"c{i}" for i in range(3000)]
+        cache = store._band_cache
+        assert cache is not None and cache.entries == 9 * 6000
+        assert longest_run(cache._state[1].table) < 300  # random keys alone: under 100
+    with Store.open(tmp_path / "t", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("r", random_sigs(rng, 6000)))
+        store.query(signature=copy)
+        assert store._band_cache is not None and store._band_cache.nbytes == cache.nbytes
+
+
+def test_large_buckets_keep_their_members_when_the_cache_grows(tmp_path: Path) -> None:
+    """Buckets of many members, built up over commits that grow the tables (members are
+    moved to the larger copy) and share buckets with near copies: the cache's answers
+    stay LMDB's, and each member is counted once."""
+    rng = np.random.default_rng(33)
+    copies = random_sigs(rng, 3)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        live = 0
+        for step in range(6):
+            batch = [(f"c{step}-{i}-{j}", copies[j]) for i in range(300) for j in range(3)]
+            mates = near_copies(rng, copies[rng.integers(0, 3, 200)])
+            store.add_signatures(batch + items(f"m{step}-", mates))
+            live += len(batch) + len(mates)
+            queries = np.concatenate([copies, near_copies(rng, copies), random_sigs(rng, 20)])
+            answers = assert_same_answers(store, queries)
+            assert all(len(found) >= 300 * (step + 1) for found in answers[:3])
+            assert store._band_cache is not None and store._band_cache.entries == 9 * live
+
+
+def test_a_band_filled_by_buckets_turning_into_chains_grows_midway() -> None:
+    """Tables are sized for one slot an entry, but a bucket of one turning into a chain
+    takes two: an insert stops before the band overfills and goes on in a larger copy,
+    losing no entry, counting each once, and leaving the old tables whole for readers."""
+    from neardup_store.band_cache import _NO_MULTIPLIERS, _Tables
+
+    keys = np.random.default_rng(34).permutation(2**20)[:400].astype(np.uint64)
+    first = _Tables(1).with_documents(keys[:, None], np.arange(1, 401, dtype=np.uint64))
+    assert first.table.shape[1] == 1024 and int(first.used[0]) == 400
+    grown = first.with_documents(keys[:, None], np.arange(401, 801, dtype=np.uint64))
+    assert grown is not first and grown.entries == 800 and int(grown.used[0]) == 1200
+    again = grown.with_documents(keys[:, None], np.arange(401, 801, dtype=np.uint64))
+    assert again.entries == 800  # each already the newest of its bucket
+    for tables, count in [(first, 1), (grown, 2)]:
+        out, ends = np.empty(2000, dtype=np.uint64), np.empty(400, dtype=np.uint64)
+        no_sigs = np.empty((0, 0), dtype=np.uint32)
+        args = (tables.table, no_sigs, _NO_MULTIPLIERS, np.uint64(0), keys[:, None])
+        assert _loops().probe(*args, out, ends) >= 400 * count
+        for q, (lo, hi) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+            assert sorted(out[lo:hi].tolist())[:count] == [q, q + 400][:count]
+
+
 # -- threads ---------------------------------------------------------------------------------------
 
 
@@ -901,6 +1027,32 @@ def test_record_parsing_extracts_the_signatures_the_codec_decodes(num_perm: int)
     assert ok.all()
     for row, record in zip(out, records, strict=True):
         np.testing.assert_array_equal(row, codec.decode_signature(record))
+
+
+@pytest.mark.parametrize("num_perm", [1, 128])
+def test_records_are_verified_by_their_checksum(num_perm: int) -> None:
+    """The compiled xxh64 agrees with the codec's on every length class (under and over
+    32 bytes, each remainder by 8 and 4), and a record with any byte changed is flagged
+    even where it still parses."""
+    from neardup_store.band_cache import _read_signatures
+
+    rng = np.random.default_rng(15)
+    keys = ["k" * n for n in range(70)]
+    metadata = [None if n % 3 else {"n": "x" * n} for n in range(70)]
+    sigs = random_sigs(rng, len(keys), num_perm)
+    records = encode(keys, sigs, metadata)
+    read, ok = _read_signatures(records, num_perm)
+    assert ok.all()
+    np.testing.assert_array_equal(read, sigs)
+    record = records[45]
+    damaged = [
+        record[:at] + bytes([record[at] ^ 1 << (at % 8)]) + record[at + 1 :]
+        for at in range(len(record))
+    ]
+    _, ok = _read_signatures(damaged, num_perm)
+    assert not ok.any()
+    _, parses = parse(damaged, num_perm)
+    assert parses.sum() >= len(record) - 16  # most still parse: only the checksum tells
 
 
 def test_records_that_do_not_parse_as_this_num_perm_are_flagged() -> None:
