@@ -184,6 +184,7 @@ class Store:
         self._readers_lock = threading.RLock()  # taken as it is where no one waits
         self._readers_done = threading.Condition(self._readers_lock)
         self._active_readers = 0
+        self._closers_waiting = 0  # threads in _wait_for_transactions
         self._growth_waiting = 0  # threads waiting in _resize: only they need a notify
         self._parked_reads = 0  # transactions held by the threads waiting in _resize
         self._thread_state = threading.local()
@@ -301,21 +302,12 @@ class Store:
 
     def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
         self.path.mkdir(parents=True, exist_ok=True, mode=self.mode)
-        if self._lock_fd is None and not self.read_only:
-            flags, file_mode = os.O_RDWR | os.O_CREAT, self.mode & 0o666
-            self._lock_fd = os.open(self.path / LOCK_FILE, flags, file_mode)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
-            _remove_compaction_leftovers(self.path)
-        elif self._lock_fd is None:
-            # A reader needs only to be seen (flock works on a read-only descriptor):
-            # opening for writing failed on read-only media, which LMDB reads fine. With
-            # no lock file (nothing has written here), there is nothing to be seen by.
-            try:
-                self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDONLY)
-            except FileNotFoundError:
-                pass
-            else:
+        if self._lock_fd is None:
+            self._lock_fd = self._open_lock_file()
+            if self._lock_fd is not None:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            if not self.read_only:
+                _remove_compaction_leftovers(self.path)
         try:
             env = lmdb.open(
                 str(self.path),
@@ -354,6 +346,23 @@ class Store:
         _OPENED_BY[self._identity] = os.getpid()
         self._max_dbs = max_dbs
         return env
+
+    def _open_lock_file(self) -> int | None:
+        """Our lock file, made if missing: every process that has the store open holds a
+        shared lock on it, which compact and rebuild must see. A reader needs only to be
+        seen (``flock`` works on a read-only descriptor), so on read-only media (where
+        opening to write fails and LMDB reads fine) it opens it to read, and where there
+        is none it goes without: nothing can write there either."""
+        path, file_mode = self.path / LOCK_FILE, self.mode & 0o666
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, file_mode)
+        except OSError:
+            if not self.read_only:
+                raise
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
         size = map_size or DEFAULT_MAP_SIZE
@@ -751,11 +760,13 @@ class Store:
         with self._readers_done:
             self._readers_done.wait_for(lambda: not self._growth_waiting, timeout=RESIZE_WAIT_S)
 
-    def _end_tracked(self) -> None:
+    def _end_tracked(self, state: Any = None) -> None:
+        """Uncount a transaction; ``state`` is the thread state it was counted in (by
+        default this thread's: a generator's read may end in another thread)."""
         with self._readers_lock:
             self._active_readers -= 1
-            self._thread_state.readers -= 1
-            if self._growth_waiting:  # set under this lock before a growth waits
+            (self._thread_state if state is None else state).readers -= 1
+            if self._growth_waiting or self._closers_waiting:  # set under this lock
                 self._readers_done.notify_all()
 
     def _sweep_readers(self, force: bool) -> None:
@@ -859,16 +870,21 @@ class Store:
         ``wait_s`` (holding ``_readers_done``) until other threads' have ended: ending
         one under its thread lost its writes and gave that thread a raw LMDB error."""
         state = self._thread_state
-        if getattr(state, "readers", 0) or getattr(state, "writing", False):
+        if getattr(state, "readers", 0) > 0 or getattr(state, "writing", False):
             raise StoreBusyError(
                 str(self.path),
                 operation,
                 "inside a transaction of this thread; do it after the block (or once the "
                 "pairs() iterator is done)",
             )
-        if not self._readers_done.wait_for(
-            lambda: self._active_readers == 0 and not self._growth_waiting, timeout=wait_s
-        ):
+        self._closers_waiting += 1  # transactions that end wake this wait
+        try:
+            ended = self._readers_done.wait_for(
+                lambda: self._active_readers == 0 and not self._growth_waiting, timeout=wait_s
+            )
+        finally:
+            self._closers_waiting -= 1
+        if not ended:
             waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
             raise StoreBusyError(
                 str(self.path),
@@ -1311,16 +1327,18 @@ class _Reading:
     since every ``Store.query`` pays for one (two generator frames cost about as much
     as a query through the band cache)."""
 
-    __slots__ = ("_reader", "_store", "_txn")
+    __slots__ = ("_reader", "_state", "_store", "_txn")
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._reader: ReadTxn | None = None
         self._txn: lmdb.Transaction | None = None
+        self._state: Any = None  # the thread state the read is counted in
 
     def __enter__(self) -> ReadTxn:
         store = self._store
         store._sweep_readers(force=False)
+        self._state = store._thread_state
         txn = store._begin_tracked(write=False)
         try:  # counted from here: an error (a Ctrl-C) before the block must uncount it
             self._reader = ReadTxn(store, txn)
@@ -1345,7 +1363,7 @@ class _Reading:
             if not stale:  # a stale one was ended by the map's growth
                 txn.abort()
         finally:
-            self._store._end_tracked()
+            self._store._end_tracked(self._state)
 
 
 def _numbers(values: npt.ArrayLike, name: str) -> npt.NDArray[Any]:

@@ -2291,3 +2291,69 @@ def test_an_error_leaving_a_store_block_is_not_replaced_by_a_refused_close(
     error = ZeroDivisionError("the block's own error")
     assert store.__exit__(type(error), error, None) is None  # closes, does not raise
     assert repr(store).endswith("closed>")
+
+
+HOLD_READ_ONLY = r"""
+import sys
+from neardup_store import Store
+with Store.open(sys.argv[1], read_only=True) as store:
+    print(len(store), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_read_only_open_of_a_store_without_a_lock_file_is_seen_by_compact(
+    store_path: Path,
+) -> None:
+    """A fresh backup has no neardup.lock; a read-only open of it went without a lock,
+    so another process compacted and rebuilt under it (a review of a fix's finding)."""
+    with Store.open(store_path, create=True) as store:
+        store.add("a", "a document a reader holds open")
+    (store_path / "neardup.lock").unlink()
+    reader = _python("-c", HOLD_READ_ONLY, str(store_path))
+    assert reader.stdout is not None and reader.stdout.readline().strip() == "1"
+    try:
+        with Store.open(store_path) as writer, pytest.raises(StoreBusyError):
+            writer.compact()
+    finally:
+        reader.communicate("go\n", timeout=60)
+    assert reader.returncode == 0
+
+
+def test_close_wakes_as_soon_as_another_threads_read_ends(store_path: Path) -> None:
+    """A transaction's end woke only a waiting growth: close() slept its whole 60 s wait
+    behind a read of a few tenths of a second."""
+    store = Store.open(store_path, create=True)
+    reading = threading.Event()
+
+    def reader() -> None:
+        with store.read():
+            reading.set()
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert reading.wait(30)
+    started = time.monotonic()
+    store.close()
+    assert time.monotonic() - started < store_module.RESIZE_WAIT_S / 2
+    thread.join(30)
+
+
+def test_a_pairs_walk_advanced_in_one_thread_and_closed_in_another_lets_the_store_close(
+    store_path: Path,
+) -> None:
+    """The walk's read was counted in the worker thread and uncounted in this one: close()
+    then refused for good, with no transaction open anywhere."""
+    store = Store.open(store_path, create=True, num_perm=64)
+    store.add_many(
+        [("a", "one text about storms and rain"), ("b", "one text about storms and rain!")]
+    )
+    walk, first = store.pairs(0.3), []
+    worker = threading.Thread(target=lambda: first.append(next(walk)))
+    worker.start()
+    worker.join(30)
+    assert len(first) == 1  # the walk is open, its read counted in the worker
+    walk.close()
+    store.close()
+    assert repr(store).endswith("closed>")
