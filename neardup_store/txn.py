@@ -757,18 +757,25 @@ class WriteTxn(ReadTxn):
         return self._run(super().awaiting_purge)  # type: ignore[no-any-return]
 
     def keys(self) -> Iterator[Key]:
-        # Its rows are read as the caller goes, so the log holds one entry, at the place
-        # the iteration began, that grows with them: a replay reads the keys read so far
-        # again (and, if the caller read to the end, that no more follow). A replay ends
-        # the iterator itself (StoreClosedError on its next row).
+        # Its rows are read as the caller goes, so the log holds an entry that grows with
+        # them: a replay reads the keys read so far again (and, if the caller read to the
+        # end, that no more follow). Once the block has logged other operations, a new
+        # entry after them takes over, since the rows read from then on may include what
+        # those wrote. A replay ends the iterator itself (StoreClosedError on its next row).
         if self._operating:
             yield from ReadTxn.keys(self)
             return
-        read = _KeysRead()
-        self._log.append((self._keys_read_again, (read,), {}, "the same"))
+        read, placed = _KeysRead(), -1
         for key in ReadTxn.keys(self):
+            if placed != len(self._log):
+                read = read.copy()
+                self._log.append((self._keys_read_again, (read,), {}, "the same"))
+                placed = len(self._log)
             read.add(key)
             yield key
+        if placed != len(self._log):  # also where it ended, if none was read
+            read = read.copy()
+            self._log.append((self._keys_read_again, (read,), {}, "the same"))
         read.ended = True
 
     __iter__ = keys
@@ -1467,6 +1474,12 @@ class _KeysRead:
         self.count = 0
         self.digest = xxhash.xxh64()
         self.ended = False
+
+    def copy(self) -> _KeysRead:
+        """A new record that goes on from this one (which keeps what it holds)."""
+        again = _KeysRead()
+        again.count, again.digest = self.count, self.digest.copy()
+        return again
 
     def add(self, key: Key) -> None:
         raw = key.encode("utf-8") if isinstance(key, str) else key
