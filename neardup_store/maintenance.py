@@ -659,9 +659,10 @@ def backup(
 
     The copy is taken from one snapshot, so it holds exactly the commits before the call
     began; open it with :meth:`Store.open` like any store. It is built in a scratch
-    directory beside ``path`` and renamed there once synced, so a backup that fails or
-    is killed leaves no store at ``path`` (a killed one's scratch directory is deleted by
-    the next backup to ``path``).
+    directory (inside ``path`` if that is an existing empty directory, such as a backup
+    disk's mount point, else beside it) and renamed into place once synced, so a backup
+    that fails or is killed leaves no store at ``path`` (a killed one's scratch directory
+    is deleted by the next backup to ``path``).
 
     Raises:
         InvalidParameterError: ``path`` is not a new or empty directory, lies inside the
@@ -670,27 +671,39 @@ def backup(
         OutputWriteError: the copy could not be written at ``path`` for another reason.
     """
     target = Path(path)
-    place = _backup_place(store, target)
-    prefix = f".{place.name}.backup-"
-    _remove_backup_leftovers(place.parent, prefix)
-    with store.read() as reader, _typed_as_output(target, place.parent):
+    place, exists = _backup_place(store, target)
+    # In an existing directory the data file is what is renamed into it (a mount point
+    # cannot be replaced, nor can a symbolic link to a directory); else the directory.
+    parent, prefix = (place, ".backup-") if exists else (place.parent, f".{place.name}.backup-")
+    with store.read() as reader, _typed_as_output(target, parent):
         documents = len(reader)
-        with _scratch(place.parent, prefix) as scratch, _claim(scratch):
+        with _scratch(parent, prefix) as scratch, _claim(scratch):
             typed = functools.partial(_typed_as_output, target, scratch)
-            _synced_copy(store, scratch, reader.txn, progress, typed)
-            os.chmod(scratch, stat.S_IMODE(store.path.stat().st_mode))
-            _fsync(scratch)
-            os.replace(scratch, place)  # an empty directory at ``place`` is replaced
-            _fsync(place.parent)
+            copy = _synced_copy(store, scratch, reader.txn, progress, typed)
+            if exists:
+                os.replace(copy, place / copy.name)
+                _fsync(place)
+            else:
+                os.chmod(scratch, stat.S_IMODE(store.path.stat().st_mode))
+                _fsync(scratch)
+                os.replace(scratch, place)
+                _fsync(place.parent)
     return BackupReport(str(target), documents, (place / "data.mdb").stat().st_size)
 
 
-def _backup_place(store: Store, target: Path) -> Path:
-    """``target`` as an absolute path, once checked, with its parent made."""
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise InvalidParameterError("path", str(target), "a new or empty directory")
+def _backup_place(store: Store, target: Path) -> tuple[Path, bool]:
+    """Where the backup goes (absolute, links resolved), once checked, and whether it is an
+    existing directory; killed backups' leftovers there are deleted, a missing parent made."""
     if target.resolve().is_relative_to(store.path.resolve()):
         raise InvalidParameterError("path", str(target), "a directory outside the store")
+    if target.exists():
+        if not target.is_dir():
+            raise InvalidParameterError("path", str(target), "a new or empty directory")
+        place = target.resolve()
+        _remove_backup_leftovers(place, ".backup-")
+        if any(place.iterdir()):
+            raise InvalidParameterError("path", str(target), "a new or empty directory")
+        return place, True
     place = Path(os.path.abspath(target))  # "." and "x/.." have a name and a parent
     try:
         mode = stat.S_IMODE(store.path.stat().st_mode)
@@ -699,7 +712,8 @@ def _backup_place(store: Store, target: Path) -> Path:
         raise InvalidParameterError(
             "path", str(target), f"a directory that can be made ({err.strerror})"
         ) from None
-    return place
+    _remove_backup_leftovers(place.parent, f".{place.name}.backup-")
+    return place, False
 
 
 @contextmanager

@@ -1337,3 +1337,22 @@ def test_backup_past_the_file_size_limit_blames_the_backup_not_the_store(
     assert done.stdout.split() == [StoreFullError.__name__, str(target)], done.stderr
     assert not target.exists() and _leftovers(target) == []
     assert store.backup(target).documents == len(store)  # without the limit
+
+
+def test_backup_into_an_existing_empty_directory_or_a_link_to_one(
+    store: Store, tmp_path: Path
+) -> None:
+    """A backup disk's mount point, or a link to an empty directory, cannot be replaced by
+    a rename: the copy is built inside it and its data file renamed in (the previous
+    fix's scratch directory beside the target failed on both, after writing the whole
+    copy to the parent's disk). A killed backup's leftover inside is no obstacle."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (disk / ".backup-killed").mkdir()  # what a backup killed part-way leaves, unlocked
+    (disk / ".backup-killed" / "data.mdb").write_bytes(b"half a copy")
+    link = tmp_path / "link"
+    link.symlink_to(disk, target_is_directory=True)
+    report = store.backup(link)
+    assert sorted(p.name for p in disk.iterdir()) == ["data.mdb"]
+    with Store.open(disk, read_only=True) as copy:
+        assert len(copy) == report.documents == len(store) and copy.check().ok
