@@ -1106,7 +1106,7 @@ def _key_lines(stream: IO[bytes]) -> list[str]:
     keys = []
     for number, raw in enumerate(stream, 1):
         try:
-            line = raw.decode("utf-8").rstrip("\r\n")
+            line = (decode_text if number == 1 else bytes.decode)(raw, "utf-8").rstrip("\r\n")
         except UnicodeDecodeError as err:
             raise InputError(
                 f"{name}:{number}: not valid UTF-8 at byte {err.start} ({err.reason}); keys "

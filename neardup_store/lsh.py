@@ -39,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidParameterError, integer
+from .errors import InvalidParameterError, integer, real
 from .hashing import U64, derive_keys, fmix64
 from .minhash import DEFAULT_NUM_PERM
 
@@ -48,18 +48,15 @@ _S29 = U64(29)
 
 
 def _check_threshold(threshold: float) -> float:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not (0.0 < float(threshold) < 1.0)
-    ):
+    value = real(threshold)
+    if value is None or not 0.0 < value < 1.0:
         raise InvalidParameterError(
             "threshold",
             threshold,
             "a number strictly between 0 and 1 to choose bands and rows for"
             " (a threshold of 1 needs bands= and rows= given)",
         )
-    return float(threshold)
+    return value
 
 
 def s_curve(similarity: float | npt.ArrayLike, bands: int, rows: int) -> npt.NDArray[np.float64]:
@@ -213,18 +210,20 @@ def choose_params(
         InvalidParameterError: an argument is out of range.
     """
     threshold = _check_threshold(threshold)
-    if isinstance(num_perm, bool) or not isinstance(num_perm, int) or num_perm < 1:
+    perms = integer(num_perm)
+    if perms is None or perms < 1:
         raise InvalidParameterError("num_perm", num_perm, "an integer >= 1")
+    num_perm = perms
+    weights = []
     for name, weight in (
         ("false_positive_weight", false_positive_weight),
         ("false_negative_weight", false_negative_weight),
     ):
-        if (
-            not isinstance(weight, (int, float))
-            or isinstance(weight, bool)
-            or not 0 <= weight < math.inf
-        ):
+        value = real(weight)
+        if value is None or not 0 <= value < math.inf:
             raise InvalidParameterError(name, weight, "a finite non-negative number")
+        weights.append(value)
+    false_positive_weight, false_negative_weight = weights
     if false_positive_weight + false_negative_weight <= 0:
         raise InvalidParameterError(
             "false_positive_weight+false_negative_weight", 0, "a positive sum"

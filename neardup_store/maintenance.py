@@ -47,6 +47,7 @@ from .errors import (
     StoreBusyError,
     StoreFullError,
     check_flags,
+    integer,
 )
 from .integrity import (
     VIOLATION_KINDS,
@@ -366,8 +367,10 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
     Args:
         largest: how many of the largest buckets (over all bands) to report.
     """
-    if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
+    count = integer(largest)
+    if count is None or count < 0:
         raise InvalidParameterError("largest", largest, "a non-negative integer")
+    largest = count
     store._require_env()  # a closed store fails here, before anything is read
     store._sweep_readers(force=True)  # report live readers, not killed ones
     readers = _readers(store)

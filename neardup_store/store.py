@@ -67,6 +67,7 @@ from .errors import (
     StoreNotFoundError,
     TooManyReadersError,
     check_flags,
+    integer,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
@@ -1516,16 +1517,13 @@ def check_batch_size(
     Raises:
         InvalidParameterError: it is not.
     """
-    if (
-        (batch_size == AUTO and allow_auto)
-        or (batch_size is None and allow_none)
-        or (
-            isinstance(batch_size, int)
-            and not isinstance(batch_size, bool)
-            and 0 < batch_size <= sys.maxsize
-        )
+    if (batch_size is None and allow_none) or (
+        isinstance(batch_size, str) and batch_size == AUTO and allow_auto
     ):
         return batch_size  # type: ignore[return-value]
+    size = integer(batch_size)
+    if size is not None and 0 < size <= sys.maxsize:
+        return size
     expected = "a positive integer"
     others = [name for name, allowed in (("None", allow_none), ('"auto"', allow_auto)) if allowed]
     if others:

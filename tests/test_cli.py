@@ -1423,3 +1423,17 @@ def test_ctrl_c_during_the_page_walk_of_check_exits_130(store_path: Path) -> Non
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert out == "" and err.splitlines() == ["interrupted"]
+
+
+def test_remove_from_a_key_file_with_a_byte_order_mark(runner: CliRunner, tmp_path: Path) -> None:
+    """The mark stayed on the first key: with --missing-ok that document was silently kept
+    (a review of a fix's finding)."""
+    store = tmp_path / "s.ndx"
+    with Store.open(store, create=True) as opened:
+        opened.add_many([("a", "first document text"), ("b", "second document text")])
+    keys = tmp_path / "keys.txt"
+    keys.write_bytes(b"\xef\xbb\xbfa\nb\n")
+    result = _run(runner, "remove", store, "--from-file", keys, "--missing-ok", "--json")
+    assert result.exit_code == 0, result.output
+    with Store.open(store, read_only=True) as opened:
+        assert list(opened) == []

@@ -18,7 +18,7 @@ from neardup_store.errors import (
     NeardupError,
     ParamsMismatchError,
 )
-from neardup_store.lsh import LSHParams
+from neardup_store.lsh import LSHParams, choose_params
 from neardup_store.minhash import MinHashConfig
 from neardup_store.text import ShingleConfig
 
@@ -112,3 +112,12 @@ def test_numpy_numbers_are_accepted_where_numbers_are(tmp_path: Path) -> None:
         assert [m.key for m in matches] == ["a"]
     with pytest.raises(InvalidParameterError):
         MinHashConfig(num_perm=np.float64(64.0))
+
+
+def test_numpy_numbers_are_taken_by_choose_params_stats_and_batch_sizes(tmp_path: Path) -> None:
+    """The first fix left choose_params, stats(largest=) and batch_size= refusing them."""
+    assert choose_params(np.float32(0.8), np.int64(128)) == choose_params(0.8, 128)
+    assert choose_params(0.8, 128, np.float64(1), np.float32(1)) == choose_params(0.8, 128, 1, 1)
+    with Store.open(tmp_path / "s", create=True) as store:
+        assert store.add_many([("a", "one text"), ("b", "one text")], batch_size=np.int64(1)) == 2
+        assert len(store.stats(largest=np.int32(1)).largest_buckets) == 1
