@@ -623,8 +623,9 @@ class Store:
         self._close(force=False)
 
     def _close(self, force: bool) -> None:
-        """:meth:`close`; ``force`` closes even where it would refuse (an error is on its
-        way out of a ``with`` block, and must not be replaced by the refusal)."""
+        """:meth:`close`; ``force`` leaves the store open where close would refuse, without
+        raising (an error is on its way out of a ``with`` block, and must not be replaced
+        by the refusal; the environment closes when the process ends)."""
         if self._env is not None and os.getpid() == self._pid:
             with self._readers_done:
                 try:
@@ -632,6 +633,7 @@ class Store:
                 except StoreBusyError:
                     if not force:
                         raise
+                    return  # left open: closing it under them would end or hang them
                 self._env.close()
                 self._env = None
             _OPENED_BY.pop(self._identity, None)
@@ -761,12 +763,13 @@ class Store:
         with self._readers_done:
             self._readers_done.wait_for(lambda: not self._growth_waiting, timeout=RESIZE_WAIT_S)
 
-    def _end_tracked(self, state: Any = None) -> None:
-        """Uncount a transaction; ``state`` is the thread state it was counted in (by
-        default this thread's: a generator's read may end in another thread)."""
+    def _end_tracked(self, counts: dict[str, Any] | None = None) -> None:
+        """Uncount a transaction; ``counts`` is the thread's state it was counted in (by
+        default this thread's, ``_thread_state.__dict__``: a generator's read may end in
+        another thread)."""
         with self._readers_lock:
             self._active_readers -= 1
-            (self._thread_state if state is None else state).readers -= 1
+            (self._thread_state.__dict__ if counts is None else counts)["readers"] -= 1
             if self._growth_waiting or self._closers_waiting:  # set under this lock
                 self._readers_done.notify_all()
 
@@ -1328,18 +1331,20 @@ class _Reading:
     since every ``Store.query`` pays for one (two generator frames cost about as much
     as a query through the band cache)."""
 
-    __slots__ = ("_reader", "_state", "_store", "_txn")
+    __slots__ = ("_counts", "_reader", "_store", "_txn")
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._reader: ReadTxn | None = None
         self._txn: lmdb.Transaction | None = None
-        self._state: Any = None  # the thread state the read is counted in
+        self._counts: dict[str, Any] | None = None  # the thread's state it is counted in
 
     def __enter__(self) -> ReadTxn:
         store = self._store
         store._sweep_readers(force=False)
-        self._state = store._thread_state
+        # This thread's own namespace (the threading.local object itself would resolve
+        # to whichever thread ends the read).
+        self._counts = store._thread_state.__dict__
         txn = store._begin_tracked(write=False)
         try:  # counted from here: an error (a Ctrl-C) before the block must uncount it
             self._reader = ReadTxn(store, txn)
@@ -1364,7 +1369,7 @@ class _Reading:
             if not stale:  # a stale one was ended by the map's growth
                 txn.abort()
         finally:
-            self._store._end_tracked(self._state)
+            self._store._end_tracked(self._counts)
 
 
 def _numbers(values: npt.ArrayLike, name: str) -> npt.NDArray[Any]:

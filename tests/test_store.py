@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -2289,7 +2290,9 @@ def test_an_error_leaving_a_store_block_is_not_replaced_by_a_refused_close(
     with pytest.raises(StoreBusyError):  # without an error on its way out: refused
         store.__exit__(None, None, None)
     error = ZeroDivisionError("the block's own error")
-    assert store.__exit__(type(error), error, None) is None  # closes, does not raise
+    assert store.__exit__(type(error), error, None) is None  # does not raise
+    walk.close()  # left open under the walk's snapshot (closing it could hang a writer)
+    store.close()
     assert repr(store).endswith("closed>")
 
 
@@ -2349,13 +2352,11 @@ def test_a_pairs_walk_advanced_in_one_thread_and_closed_in_another_lets_the_stor
     store.add_many(
         [("a", "one text about storms and rain"), ("b", "one text about storms and rain!")]
     )
-    walk, first = store.pairs(0.3), []
-    worker = threading.Thread(target=lambda: first.append(next(walk)))
-    worker.start()
-    worker.join(30)
-    assert len(first) == 1  # the walk is open, its read counted in the worker
-    walk.close()
-    store.close()
+    walk = store.pairs(0.3)
+    with ThreadPoolExecutor(1) as worker:  # one thread: the close below runs in it
+        assert worker.submit(next, walk).result(30)  # the walk's read counted in it
+        walk.close()  # ended in this thread
+        worker.submit(store.close).result(30)
     assert repr(store).endswith("closed>")
 
 
