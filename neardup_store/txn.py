@@ -253,14 +253,25 @@ class ReadTxn:
             StoreClosedError: the iterator was read on after its transaction ended (the
                 block closed, or a map growth replaced a writer's transaction).
         """
+        for _, key in self._key_rows():
+            yield key
+
+    def _key_rows(self, after: bytes | None = None) -> Iterator[tuple[bytes, Key]]:
+        """``(document id, key)`` of every stored document, in id order, from the first
+        id past ``after`` (from the first if ``None``)."""
         txn = self._live
         with txn.cursor(db=self._store._docs_db) as cursor:
-            rows = iter(cursor)
+            step = cursor.first if after is None else (lambda: cursor.set_range(after))
             while True:
                 try:
-                    raw_id, record = next(rows)
-                except StopIteration:
-                    return
+                    found = step()
+                    if found and after is not None and cursor.key() == after:
+                        found = cursor.next()
+                    after = None
+                    step = cursor.next
+                    if not found:
+                        return
+                    raw_id, record = cursor.item()
                 except lmdb.Error:
                     if self._txn is txn and self.epoch == self._store.map_epoch:
                         raise
@@ -269,7 +280,7 @@ class ReadTxn:
                         "growth replaced it)"
                     ) from None
                 raw, is_str = codec.record_key(record, codec.decode_id(raw_id))
-                yield raw.decode("utf-8") if is_str else raw
+                yield raw_id, raw.decode("utf-8") if is_str else raw
 
     __iter__ = keys
 
@@ -758,39 +769,41 @@ class WriteTxn(ReadTxn):
 
     def keys(self) -> Iterator[Key]:
         # Its rows are read as the caller goes, so the log holds an entry that grows with
-        # them: a replay reads the keys read so far again (and, if the caller read to the
-        # end, that no more follow). Once the block has logged other operations, a new
-        # entry after them takes over, since the rows read from then on may include what
-        # those wrote. A replay ends the iterator itself (StoreClosedError on its next row).
+        # them, which a replay reads again (and, if the caller read to the end, checks
+        # that no more follow). Once the block has logged other operations, the rows read
+        # from then on (which may include what those wrote) go into a new entry after
+        # them, which goes on from the last id read: each row is read once by a replay.
+        # A replay ends the iterator itself (StoreClosedError on its next row).
         if self._operating:
             yield from ReadTxn.keys(self)
             return
-        read, placed = _KeysRead(), -1
-        for key in ReadTxn.keys(self):
+        read, placed, last = _KeysRead(None), -1, None
+        for raw_id, key in self._key_rows():
             if placed != len(self._log):
-                read = read.copy()
+                read = _KeysRead(last)
                 self._log.append((self._keys_read_again, (read,), {}, "the same"))
                 placed = len(self._log)
             read.add(key)
+            last = raw_id
             yield key
         if placed != len(self._log):  # also where it ended, if none was read
-            read = read.copy()
+            read = _KeysRead(last)
             self._log.append((self._keys_read_again, (read,), {}, "the same"))
         read.ended = True
 
     __iter__ = keys
 
     def _keys_read_again(self, read: _KeysRead) -> str:
-        """Whether the keys ``read`` holds are still this snapshot's first ones (and, if
-        the iterator ended, its only ones): ``"the same"`` or what differs."""
-        again = _KeysRead()
-        rows = ReadTxn.keys(self)
-        for key in itertools.islice(rows, read.count):
+        """Whether the keys ``read`` holds still follow its ``after`` in this snapshot
+        (and, if the iterator ended, are the last ones): ``"the same"`` or what differs."""
+        again = _KeysRead(read.after)
+        rows = self._key_rows(read.after)
+        for _, key in itertools.islice(rows, read.count):
             again.add(key)
         if again.count != read.count:
             return f"{again.count} keys where the block read {read.count}"
         if again.digest.intdigest() != read.digest.intdigest():
-            return f"other keys among the first {read.count} the block read"
+            return f"other keys among the {read.count} the block read"
         if read.ended and next(rows, None) is not None:
             return f"more keys than the {read.count} the block read to the end"
         return "the same"
@@ -1466,20 +1479,16 @@ class _Refusal(NamedTuple):
 
 
 class _KeysRead:
-    """The keys a key iterator has yielded so far: their count and a digest of them."""
+    """Keys a key iterator has yielded, from the first id past ``after``: their count
+    and a digest of them."""
 
-    __slots__ = ("count", "digest", "ended")
+    __slots__ = ("after", "count", "digest", "ended")
 
-    def __init__(self) -> None:
+    def __init__(self, after: bytes | None) -> None:
+        self.after = after
         self.count = 0
         self.digest = xxhash.xxh64()
         self.ended = False
-
-    def copy(self) -> _KeysRead:
-        """A new record that goes on from this one (which keeps what it holds)."""
-        again = _KeysRead()
-        again.count, again.digest = self.count, self.digest.copy()
-        return again
 
     def add(self, key: Key) -> None:
         raw = key.encode("utf-8") if isinstance(key, str) else key
