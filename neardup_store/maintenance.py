@@ -677,7 +677,9 @@ def backup(
     place, exists = _backup_place(store, target)
     # In an existing directory the data file is what is renamed into it (a mount point
     # cannot be replaced, nor can a symbolic link to a directory); else the directory.
-    parent, prefix = (place, ".backup-") if exists else (place.parent, f".{place.name}.backup-")
+    parent, prefix = (
+        (place, _BACKUP_PREFIX) if exists else (place.parent, f".{place.name}{_BACKUP_PREFIX}")
+    )
     with store.read() as reader, _typed_as_output(target, parent):
         documents = len(reader)
         with _scratch(parent, prefix) as scratch, _claim(scratch):
@@ -703,8 +705,12 @@ def _backup_place(store: Store, target: Path) -> tuple[Path, bool]:
         if not target.is_dir():
             raise InvalidParameterError("path", str(target), "a new or empty directory")
         place = target.resolve()
-        _remove_backup_leftovers(place, ".backup-")
-        if any(place.iterdir()):
+        try:
+            _remove_backup_leftovers(place, _BACKUP_PREFIX)
+            empty = not any(place.iterdir())
+        except OSError as err:
+            raise OutputWriteError(str(target), err.strerror or str(err)) from None
+        if not empty:
             raise InvalidParameterError("path", str(target), "a new or empty directory")
         return place, True
     place = Path(os.path.abspath(target))  # "." and "x/.." have a name and a parent
@@ -715,27 +721,43 @@ def _backup_place(store: Store, target: Path) -> tuple[Path, bool]:
         raise InvalidParameterError(
             "path", str(target), f"a directory that can be made ({err.strerror})"
         ) from None
-    _remove_backup_leftovers(place.parent, f".{place.name}.backup-")
+    try:
+        _remove_backup_leftovers(place.parent, f".{place.name}{_BACKUP_PREFIX}")
+    except OSError as err:
+        raise OutputWriteError(str(target), err.strerror or str(err)) from None
     return place, False
 
 
 @contextmanager
 def _claim(scratch: Path) -> Iterator[None]:
-    """Hold an ``flock`` on a backup's scratch directory while it is built: one nobody
-    holds is a killed backup's leftover (the kernel drops a dead process's locks)."""
+    """Mark a backup's scratch directory as one and hold an ``flock`` on it while it is
+    built: a marked one nobody holds is a killed backup's leftover (the kernel drops a
+    dead process's locks). The mark stays in a backup renamed into place, harmlessly:
+    only directories named as scratch ones are ever taken for leftovers."""
     fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        (scratch / _BACKUP_MARK).touch()
         yield
     finally:
         os.close(fd)
 
 
+_BACKUP_PREFIX = ".neardup-backup-"
+_BACKUP_MARK = ".neardup-backup"
+"""The file in a backup's scratch directory that tells it from any other directory."""
+
+
 def _remove_backup_leftovers(parent: Path, prefix: str) -> None:
     """Delete the scratch directories of killed backups to the same path (they can be as
-    large as the store); those of running backups are locked and stay."""
+    large as the store): named so, marked by :data:`_BACKUP_MARK` and locked by no one
+    (those of running backups are locked and stay; a directory not marked is not ours)."""
     for leftover in parent.iterdir():
-        if not leftover.name.startswith(prefix) or leftover.is_symlink():
+        if (
+            not leftover.name.startswith(prefix)
+            or leftover.is_symlink()
+            or not (leftover / _BACKUP_MARK).is_file()
+        ):
             continue
         try:
             fd = os.open(leftover, os.O_RDONLY | os.O_DIRECTORY)

@@ -351,19 +351,34 @@ class Store:
     def _open_lock_file(self) -> int | None:
         """Our lock file, made if missing: every process that has the store open holds a
         shared lock on it, which compact and rebuild must see. A reader needs only to be
-        seen (``flock`` works on a read-only descriptor), so on read-only media (where
-        opening to write fails and LMDB reads fine) it opens it to read, and where there
-        is none it goes without: nothing can write there either."""
+        seen (``flock`` works on a read-only descriptor), so where it cannot open it to
+        write (read-only media, which LMDB reads fine) it opens it to read. With none on
+        read-only media it goes without (nothing can write there either); elsewhere that
+        is refused, as a writer could not see it.
+
+        Raises:
+            InvalidParameterError: a read-only open finds no lock file and cannot make one.
+        """
         path, file_mode = self.path / LOCK_FILE, self.mode & 0o666
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, file_mode)
-        except OSError:
+        except OSError as err:
             if not self.read_only:
                 raise
+            cause = err
         try:
             return os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            return None
+            if cause.errno == errno.EROFS:
+                return None
+            # Others can write here (the owner can): unseen, this reader would let them
+            # compact the store under it.
+            raise InvalidParameterError(
+                "path",
+                str(self.path),
+                f"a store whose {LOCK_FILE} exists or can be made ({cause.strerror}); open "
+                "it once as a user who may write in it",
+            ) from None
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:
         size = map_size or DEFAULT_MAP_SIZE

@@ -1348,11 +1348,25 @@ def test_backup_into_an_existing_empty_directory_or_a_link_to_one(
     copy to the parent's disk). A killed backup's leftover inside is no obstacle."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    (disk / ".backup-killed").mkdir()  # what a backup killed part-way leaves, unlocked
-    (disk / ".backup-killed" / "data.mdb").write_bytes(b"half a copy")
+    killed = disk / ".neardup-backup-killed"  # what a backup killed part-way leaves
+    killed.mkdir()
+    (killed / ".neardup-backup").touch()
+    (killed / "data.mdb").write_bytes(b"half a copy")
     link = tmp_path / "link"
     link.symlink_to(disk, target_is_directory=True)
     report = store.backup(link)
     assert sorted(p.name for p in disk.iterdir()) == ["data.mdb"]
     with Store.open(disk, read_only=True) as copy:
         assert len(copy) == report.documents == len(store) and copy.check().ok
+
+
+def test_backup_leaves_directories_it_did_not_make_alone(store: Store, tmp_path: Path) -> None:
+    """A directory named like a backup's scratch directory but not marked as one is the
+    user's: the target is not empty, and nothing in it is deleted (the previous fix
+    deleted any unlocked .backup-* directory; a review of a fix's finding)."""
+    disk = tmp_path / "disk"
+    (disk / ".neardup-backup-2024").mkdir(parents=True)
+    (disk / ".neardup-backup-2024" / "photos.tar").write_bytes(b"irreplaceable")
+    with pytest.raises(InvalidParameterError, match="empty directory"):
+        store.backup(disk)
+    assert (disk / ".neardup-backup-2024" / "photos.tar").read_bytes() == b"irreplaceable"
