@@ -1364,9 +1364,10 @@ def test_backup_leaves_directories_it_did_not_make_alone(store: Store, tmp_path:
     """A directory named like a backup's scratch directory but not marked as one is the
     user's: the target is not empty, and nothing in it is deleted (the previous fix
     deleted any unlocked .backup-* directory; a review of a fix's finding)."""
-    disk = tmp_path / "disk"
-    (disk / ".neardup-backup-2024").mkdir(parents=True)
-    (disk / ".neardup-backup-2024" / "photos.tar").write_bytes(b"irreplaceable")
-    with pytest.raises(InvalidParameterError, match="empty directory"):
-        store.backup(disk)
-    assert (disk / ".neardup-backup-2024" / "photos.tar").read_bytes() == b"irreplaceable"
+    for name in (".backup-2024", ".neardup-backup-2024"):
+        disk = tmp_path / name.strip(".")
+        (disk / name).mkdir(parents=True)
+        (disk / name / "photos.tar").write_bytes(b"irreplaceable")
+        with pytest.raises(InvalidParameterError, match="empty directory"):
+            store.backup(disk)
+        assert (disk / name / "photos.tar").read_bytes() == b"irreplaceable"
