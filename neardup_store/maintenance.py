@@ -691,6 +691,7 @@ def backup(
             else:
                 os.chmod(scratch, stat.S_IMODE(store.path.stat().st_mode))
                 _fsync(scratch)
+                (scratch / _BACKUP_MARK).unlink()  # a backup, no longer a scratch directory
                 os.replace(scratch, place)
                 _fsync(place.parent)
     return BackupReport(str(target), documents, (place / "data.mdb").stat().st_size)
@@ -732,12 +733,11 @@ def _backup_place(store: Store, target: Path) -> tuple[Path, bool]:
 def _claim(scratch: Path) -> Iterator[None]:
     """Mark a backup's scratch directory as one and hold an ``flock`` on it while it is
     built: a marked one nobody holds is a killed backup's leftover (the kernel drops a
-    dead process's locks). The mark stays in a backup renamed into place, harmlessly:
-    only directories named as scratch ones are ever taken for leftovers."""
+    dead process's locks)."""
     fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        (scratch / _BACKUP_MARK).touch()
+        os.close(os.open(scratch / _BACKUP_MARK, os.O_WRONLY | os.O_CREAT, 0o600))
         yield
     finally:
         os.close(fd)
