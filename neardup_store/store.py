@@ -638,9 +638,10 @@ class Store:
         self._close(force=False)
 
     def _close(self, force: bool) -> None:
-        """:meth:`close`; ``force`` leaves the store open where close would refuse, without
-        raising (an error is on its way out of a ``with`` block, and must not be replaced
-        by the refusal; the environment closes when the process ends)."""
+        """:meth:`close`; with ``force`` (an error is on its way out of a ``with`` block,
+        and must not be replaced by a refusal) it closes under this thread's own open
+        reads, and leaves the store open, without raising, while other threads have
+        transactions open (closing under them would end their work or hang them)."""
         if self._env is not None and os.getpid() == self._pid:
             with self._readers_done:
                 try:
@@ -648,7 +649,8 @@ class Store:
                 except StoreBusyError:
                     if not force:
                         raise
-                    return  # left open: closing it under them would end or hang them
+                    if self._active_readers > self._thread_state.__dict__.get("readers", 0):
+                        return  # left open: closing under other threads' would hang them
                 self._env.close()
                 self._env = None
             _OPENED_BY.pop(self._identity, None)
