@@ -691,8 +691,9 @@ def backup(
             else:
                 os.chmod(scratch, stat.S_IMODE(store.path.stat().st_mode))
                 _fsync(scratch)
-                (scratch / _BACKUP_MARK).unlink()  # a backup, no longer a scratch directory
                 os.replace(scratch, place)
+                (place / _BACKUP_MARK).unlink()  # a backup now, no scratch directory
+                _fsync(place)
                 _fsync(place.parent)
     return BackupReport(str(target), documents, (place / "data.mdb").stat().st_size)
 
@@ -750,13 +751,15 @@ _BACKUP_MARK = ".neardup-backup"
 
 def _remove_backup_leftovers(parent: Path, prefix: str) -> None:
     """Delete the scratch directories of killed backups to the same path (they can be as
-    large as the store): named so, marked by :data:`_BACKUP_MARK` and locked by no one
-    (those of running backups are locked and stay; a directory not marked is not ours)."""
+    large as the store): named so, marked by :data:`_BACKUP_MARK` (or empty: killed
+    before the mark) and locked by no one (those of running backups are locked and stay;
+    a directory with other contents and no mark is not ours)."""
     for leftover in parent.iterdir():
         if (
             not leftover.name.startswith(prefix)
             or leftover.is_symlink()
-            or not (leftover / _BACKUP_MARK).is_file()
+            or not leftover.is_dir()
+            or not ((leftover / _BACKUP_MARK).is_file() or not any(leftover.iterdir()))
         ):
             continue
         try:

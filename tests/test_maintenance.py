@@ -1352,6 +1352,7 @@ def test_backup_into_an_existing_empty_directory_or_a_link_to_one(
     killed.mkdir()
     (killed / ".neardup-backup").touch()
     (killed / "data.mdb").write_bytes(b"half a copy")
+    (disk / ".neardup-backup-early").mkdir()  # killed before its mark: empty
     link = tmp_path / "link"
     link.symlink_to(disk, target_is_directory=True)
     report = store.backup(link)
