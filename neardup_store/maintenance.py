@@ -58,7 +58,7 @@ from .integrity import (
     check,
 )
 from .lsh import LSHParams, choose_params
-from .store import _DISK_FULL, out_of_space
+from .store import write_failure
 from .transfer import create_from_export, export, export_file, import_
 
 if TYPE_CHECKING:
@@ -792,17 +792,14 @@ def _typed_as_output(target: Path, scratch: Path) -> Iterator[None]:
 
 def _output_error(target: Path, scratch: Path, err: Exception) -> Exception | None:
     """The typed error for ``err`` raised while writing a backup (``None`` for an engine
-    error that is not about writing), judged as ``Store._translate`` judges a write."""
-    code = getattr(err, "errno", None)
-    text = (err.strerror if isinstance(err, OSError) else None) or str(err)
-    if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
-        return StoreFullError(str(target), text)
-    if code == errno.EIO or os.strerror(errno.EIO) in text:
-        reason = out_of_space(scratch, "the copy", "the backup")
-        if reason is not None:
-            return StoreFullError(str(target), f"{text}: {reason}")
-        return OutputWriteError(str(target), text)
-    return OutputWriteError(str(target), text) if isinstance(err, OSError) else None
+    error that is not about writing), judged as a write to the store is."""
+    failure = write_failure(err, scratch, "the copy", "the backup")
+    if failure is not None:
+        full, detail = failure
+        return (StoreFullError if full else OutputWriteError)(str(target), detail)
+    if isinstance(err, OSError):
+        return OutputWriteError(str(target), err.strerror or str(err))
+    return None
 
 
 def _copy(

@@ -863,28 +863,14 @@ class Store:
             raise typed from err
 
     def _translate(self, err: lmdb.Error) -> Exception:
-        """The typed error for an engine error raised while writing (``err`` if none fits).
-
-        LMDB reports a full disk in two ways: the errno of a write that could not start
-        (ENOSPC, EFBIG, EDQUOT), or ``EIO`` for a write that stopped part-way, which is how
-        a write ends when it reaches the end of the disk or of the process's file-size
-        limit. So an ``EIO`` is a full store when the data file cannot grow any more, and
-        otherwise a real I/O error of the device; both are typed, never raw LMDB errors.
-        """
-        code = getattr(err, "errno", None)
-        text = str(err)
-        if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
-            return StoreFullError(str(self.path), text)
-        if code == errno.EIO or os.strerror(errno.EIO) in text:
-            reason = self._out_of_space()
-            if reason is not None:
-                return StoreFullError(str(self.path), f"{text}: {reason}")
-            return StoreIOError(str(self.path), text)
-        return err
-
-    def _out_of_space(self) -> str | None:
-        """Why the data file cannot grow (file-size limit or disk reached), or ``None``."""
-        return out_of_space(self.path, "the data file", "the store")
+        """The typed error for an engine error raised while writing (``err`` if none fits):
+        a full disk is :class:`StoreFullError`, another failed write :class:`StoreIOError`
+        (:func:`write_failure` tells which), never a raw LMDB error."""
+        failure = write_failure(err, self.path, "the data file", "the store")
+        if failure is None:
+            return err
+        full, detail = failure
+        return (StoreFullError if full else StoreIOError)(str(self.path), detail)
 
     def _wait_for_transactions(self, operation: str, wait_s: float = RESIZE_WAIT_S) -> None:
         """Refuse while the calling thread has a transaction open, and wait up to
@@ -1395,8 +1381,30 @@ def _numbers(values: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
         return np.asarray(values)
     except (ValueError, TypeError):
         raise InvalidParameterError(
-            name, "rows of different lengths", "one row of num_perm integers per signature"
+            name, "rows of different shapes", "one shape (num_perm,) for every signature"
         ) from None
+
+
+def write_failure(
+    err: Exception, directory: Path, file: str, holder: str
+) -> tuple[bool, str] | None:
+    """Whether ``err``, raised writing ``directory``'s ``data.mdb``, is a full disk (and
+    its detail), or ``None`` if it is no failure of the write itself.
+
+    LMDB reports a full disk in two ways: the errno of a write that could not start
+    (ENOSPC, EFBIG, EDQUOT), or ``EIO`` for a write that stopped part-way, as a write
+    does at the end of the disk or of the process's file-size limit. So an ``EIO`` is a
+    full disk when the file cannot grow any more (:func:`out_of_space`; ``file`` and
+    ``holder`` name the two in the reason), and otherwise an I/O error of the device.
+    """
+    code = getattr(err, "errno", None)
+    text = (err.strerror if isinstance(err, OSError) else None) or str(err)
+    if code in _DISK_FULL or any(os.strerror(e) in text for e in _DISK_FULL):
+        return True, text
+    if code == errno.EIO or os.strerror(errno.EIO) in text:
+        reason = out_of_space(directory, file, holder)
+        return (False, text) if reason is None else (True, f"{text}: {reason}")
+    return None
 
 
 def out_of_space(directory: Path, file: str, holder: str) -> str | None:

@@ -1171,13 +1171,7 @@ class WriteTxn(ReadTxn):
         self, batch: Sequence[tuple[object, object, object]]
     ) -> npt.NDArray[np.uint32]:
         """The signatures of ``(key, signature, metadata)`` items as one checked matrix."""
-        try:
-            stacked = np.array([sig for _, sig, _ in batch])
-        except ValueError:  # numpy refuses rows of different lengths
-            raise InvalidParameterError(
-                "signatures", "rows of different shapes", "one shape (num_perm,) for every item"
-            ) from None
-        return self._store._check_signatures(stacked)
+        return self._store._check_signatures([sig for _, sig, _ in batch])
 
     def _check_new_keys(self, batch: _PreparedBatch) -> None:
         """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
