@@ -281,6 +281,40 @@ def signature_passes(store: Any, queries: np.ndarray) -> dict[str, Any]:
     }
 
 
+def paired_passes(store: Any, first: Any, queries: np.ndarray) -> dict[str, Any]:
+    """Signature queries on ``store`` and on ``first`` (a copy of it at the first
+    checkpoint) timed set by set in turn, through the band cache and through LMDB: the
+    scale ratios of latency measured side by side, where the checkpoints' own figures
+    are minutes apart and this VM's speed is not. Each store has one untimed pass first,
+    so both are timed warm; each set's pair starts with the other store in turn. A ratio
+    is the median of the sets' ratios (this store's over the first's)."""
+    result: dict[str, Any] = {}
+    for label, lookups in (("cached", contextlib.nullcontext), ("lmdb", lmdb_lookups)):
+        with store.read() as big, first.read() as small, lookups(store), lookups(first):
+            txns = {"store": big, "first": small}
+            for txn in txns.values():
+                for query in queries:
+                    txn.query(signature=query)
+            timed: dict[str, list[dict[str, float]]] = {name: [] for name in txns}
+            for number, part in enumerate(_split(queries, QUERY_SETS)):
+                order = list(txns) if number % 2 == 0 else list(reversed(txns))
+                for name in order:
+                    run = lambda q, txn=txns[name]: txn.query(signature=q)  # noqa: E731
+                    timed[name].append(percentiles(time_each(run, part)))
+        result[label] = {
+            f"{q}_ratio": float(
+                statistics.median(
+                    b[f"{q}_us"] / f[f"{q}_us"]
+                    for b, f in zip(timed["store"], timed["first"], strict=True)
+                )
+            )
+            for q in ("p50", "p99")
+        }
+        for name in txns:
+            result[label][f"{name}_p99_us_sets"] = [p["p99_us"] for p in timed[name]]
+    return result
+
+
 def ours_large(
     sigs: np.ndarray, queries: np.ndarray, texts: Sequence[str], checkpoints: Sequence[int],
     dedup: np.ndarray, workdir: Path, log: Callable[[str], None],
@@ -295,7 +329,11 @@ def ours_large(
     path = workdir / "large.ndx"
     result: dict[str, Any] = {"documents": n, "checkpoints": {}}
     rates: list[tuple[int, int, float]] = []  # (stored after, documents, docs/s) per commit
-    with Store.open(path, create=True, durable=False, band_cache=True, **STORE_OPTIONS) as store:
+    first: Any = None  # a copy of the store at the first checkpoint, for paired_passes
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(
+            Store.open(path, create=True, durable=False, band_cache=True, **STORE_OPTIONS)
+        )
         lo = 0
         while lo < n:
             # As many as add_signatures' default commits at once, cut at the next checkpoint.
@@ -317,6 +355,13 @@ def ours_large(
                     "used_bytes_per_doc": used_bytes(store) / hi,
                 }
                 point["band_cache_bytes_per_doc"] = point["band_cache_bytes"] / hi
+                if first is None:
+                    store.backup(workdir / "first-checkpoint.ndx")
+                    first = stack.enter_context(
+                        Store.open(workdir / "first-checkpoint.ndx", band_cache=True)
+                    )
+                else:
+                    point["paired_with_first"] = paired_passes(store, first, queries)
                 log(f"ours at {hi} docs: {point}")
         result["ingest_docs_per_s"] = n / sum(d / r for _, d, r in rates)
         with store.read() as txn:
@@ -362,6 +407,7 @@ def ours_large(
         result["compact"] = repr(report)
         result["bytes_per_doc_compacted"] = used_bytes(store) / len(store)
     shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(workdir / "first-checkpoint.ndx", ignore_errors=True)
     return result
 
 
