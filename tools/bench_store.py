@@ -281,48 +281,69 @@ def signature_passes(store: Any, queries: np.ndarray) -> dict[str, Any]:
     }
 
 
+def alternated_sets(
+    runs: dict[str, tuple[Callable[[Any], object], Sequence[Any]]],
+) -> dict[str, list[dict[str, float]]]:
+    """:func:`percentiles` of each of ``runs`` (name: run, items) over each of
+    :data:`QUERY_SETS` sets of its items, the runs taking turns set by set and each set
+    started by another run in turn, after one untimed pass of every run: figures to be
+    compared side by side, which this VM's changes of speed move together."""
+    for run, items in runs.values():
+        for item in items:
+            run(item)
+    sets = {name: _split(items, QUERY_SETS) for name, (_, items) in runs.items()}
+    timed: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    names = list(runs)
+    for number in range(QUERY_SETS):
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            timed[name].append(percentiles(time_each(runs[name][0], sets[name][number])))
+    return timed
+
+
+def median_ratios(
+    timed: dict[str, list[dict[str, float]]], top: str, bottom: str
+) -> dict[str, float]:
+    """The median over the sets of ``top``'s p50 and p99 over ``bottom``'s."""
+    return {
+        f"{q}_ratio": float(
+            statistics.median(
+                t[f"{q}_us"] / b[f"{q}_us"] for t, b in zip(timed[top], timed[bottom], strict=True)
+            )
+        )
+        for q in ("p50", "p99")
+    }
+
+
 def paired_passes(store: Any, first: Any, queries: np.ndarray) -> dict[str, Any]:
     """Signature queries on ``store`` and on ``first`` (a copy of it at the first
-    checkpoint) timed set by set in turn, through the band cache and through LMDB: the
-    scale ratios of latency measured side by side, where the checkpoints' own figures
-    are minutes apart and this VM's speed is not. Each store has one untimed pass first,
-    so both are timed warm; each set's pair starts with the other store in turn. A ratio
-    is the median of the sets' ratios (this store's over the first's)."""
+    checkpoint), through the band cache and through LMDB, by :func:`alternated_sets`: the
+    scale ratios (this store's over the first's), where the checkpoints' own figures are
+    minutes apart."""
     result: dict[str, Any] = {}
     for label, lookups in (("cached", contextlib.nullcontext), ("lmdb", lmdb_lookups)):
         with store.read() as big, first.read() as small, lookups(store), lookups(first):
-            txns = {"store": big, "first": small}
-            for txn in txns.values():
-                for query in queries:
-                    txn.query(signature=query)
-            timed: dict[str, list[dict[str, float]]] = {name: [] for name in txns}
-            for number, part in enumerate(_split(queries, QUERY_SETS)):
-                order = list(txns) if number % 2 == 0 else list(reversed(txns))
-                for name in order:
-                    run = lambda q, txn=txns[name]: txn.query(signature=q)  # noqa: E731
-                    timed[name].append(percentiles(time_each(run, part)))
-        result[label] = {
-            f"{q}_ratio": float(
-                statistics.median(
-                    b[f"{q}_us"] / f[f"{q}_us"]
-                    for b, f in zip(timed["store"], timed["first"], strict=True)
-                )
+            timed = alternated_sets(
+                {
+                    "store": (lambda q, txn=big: txn.query(signature=q), queries),
+                    "first": (lambda q, txn=small: txn.query(signature=q), queries),
+                }
             )
-            for q in ("p50", "p99")
-        }
-        for name in txns:
-            result[label][f"{name}_p99_us_sets"] = [p["p99_us"] for p in timed[name]]
+        result[label] = median_ratios(timed, "store", "first")
+        for name, sets in timed.items():
+            result[label][f"{name}_p99_us_sets"] = [p["p99_us"] for p in sets]
     return result
 
 
 def ours_large(
     sigs: np.ndarray, queries: np.ndarray, texts: Sequence[str], checkpoints: Sequence[int],
-    dedup: np.ndarray, workdir: Path, log: Callable[[str], None],
+    dedup: np.ndarray, workdir: Path, log: Callable[[str], None], peer_size: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Ingest, query, remove, dedup-on-ingest and size figures of our store at
     ``len(sigs)`` documents, with ingest rate, signature query latency and size also at
     each of ``checkpoints``. Queries are timed through LMDB and through the band cache
-    (``band_cache=True``), which ingest never touches."""
+    (``band_cache=True``), which ingest never touches. At ``peer_size`` documents the
+    store is backed up to ``result["peer_copy"]``, for :func:`side_by_side` with a peer
+    of that size."""
     from neardup_store import Store
 
     n = len(sigs)
@@ -363,6 +384,9 @@ def ours_large(
                 else:
                     point["paired_with_first"] = paired_passes(store, first, queries)
                 log(f"ours at {hi} docs: {point}")
+            if hi == peer_size:
+                store.backup(workdir / "peer-size.ndx")
+                result["peer_copy"] = str(workdir / "peer-size.ndx")
         result["ingest_docs_per_s"] = n / sum(d / r for _, d, r in rates)
         with store.read() as txn:
             matches = sum(len(m) for m in txn.query_many(signatures=queries))
@@ -426,11 +450,35 @@ class _Sketch:
         return len(self.hashvalues)
 
 
+def side_by_side(ours_path: Path, lsh: Any, queries: np.ndarray) -> dict[str, Any]:
+    """Our single queries (``store.query()`` calls on the store at ``ours_path``, with the
+    band cache) and ``lsh.query`` of the same signatures, by :func:`alternated_sets`: the
+    target's ratio (ours over the peer's), where the two runs' own figures are minutes
+    apart."""
+    from neardup_store import Store
+
+    sketches = [_Sketch(row) for row in queries.astype(np.uint64)]
+    with Store.open(ours_path, band_cache=True) as store:
+        timed = alternated_sets(
+            {
+                "ours": (lambda q: store.query(signature=q), queries),
+                "datasketch": (lsh.query, sketches),
+            }
+        )
+    result: dict[str, Any] = median_ratios(timed, "ours", "datasketch")
+    for name, sets in timed.items():
+        for q in ("p50", "p99"):
+            result[f"{name}_{q}_us"] = float(statistics.median(p[f"{q}_us"] for p in sets))
+            result[f"{name}_{q}_us_sets"] = [p[f"{q}_us"] for p in sets]
+    return result
+
+
 def datasketch_memory(
     sigs: np.ndarray, queries: np.ndarray, dedup: np.ndarray, pickle_docs: int,
-    log: Callable[[str], None],
+    log: Callable[[str], None], ours_copy: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """datasketch MinHashLSH in memory, same signatures (as uint64 hash values)."""
+    """datasketch MinHashLSH in memory, same signatures (as uint64 hash values); with
+    ``ours_copy`` (our store of the same signatures), :func:`side_by_side` as well."""
     from datasketch import MinHashLSH
 
     wide = sigs.astype(np.uint64)
@@ -449,6 +497,10 @@ def datasketch_memory(
     log(f"datasketch in memory: {result['insert_per_s']:.0f} inserts/s")
     q = [_Sketch(row) for row in queries.astype(np.uint64)]
     result["query_signature"] = set_percentiles(lsh.query, q)
+    if ours_copy is not None:
+        result["query_side_by_side"] = side_by_side(ours_copy, lsh, queries)
+        shutil.rmtree(ours_copy, ignore_errors=True)
+        log(f"side by side with ours: {result['query_side_by_side']}")
     # MinHashLSH returns candidates; our query returns those whose estimate reaches the
     # threshold. A caller who wants that answer keeps the signatures and checks each.
     kept = {f"d{i}": row for i, row in enumerate(wide)}
