@@ -30,6 +30,7 @@ from . import _faults, codec
 from .errors import (
     CorruptRecordError,
     DuplicateKeyError,
+    ForkedStoreError,
     IdsExhaustedError,
     InvalidParameterError,
     KeyNotFoundError,
@@ -178,7 +179,11 @@ class ReadTxn:
 
     @property
     def _live(self) -> lmdb.Transaction:
-        """The LMDB transaction, checked to be open (this package's own reads use it)."""
+        """The LMDB transaction, checked to be open (this package's own reads use it) and
+        to be this process's (one carried across ``fork()`` reads pages the parent's
+        writers may have handed out again)."""
+        if self._store._forked():
+            raise ForkedStoreError(str(self._store.path))
         if self._txn is None:
             raise StoreClosedError("transaction")
         if self.epoch != self._store.map_epoch:

@@ -1826,6 +1826,11 @@ def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
                     lambda: store.read().__enter__(),
                     lambda: store.write().__enter__(),
                     lambda: store.sync(),
+                    # the parent's open snapshot, carried across the fork
+                    lambda: snap.get("a"),
+                    lambda: len(snap),
+                    lambda: list(snap.keys()),
+                    lambda: snap.query("a document the parent stored before the fork"),
                 ]
                 for call in calls:
                     try:
@@ -1845,11 +1850,41 @@ def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
             report = pipe.read()
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert json.loads(report) == ["forked"] * 9
+        assert json.loads(report) == ["forked"] * 13
         assert store._env is not None and str(os.getpid()) in store._env.readers()
         assert snap.get("a").key == "a"
     store.add("b", "the parent's store still works after the fork")
     assert list(store) == ["a", "b"]
+
+
+def test_forked_child_cannot_use_the_parents_write_transaction(store: Store) -> None:
+    """A write transaction carried across fork() refuses in the child (it answered, and
+    its adds went nowhere), and the parent's block commits as if the child were not there."""
+    read_end, write_end = os.pipe()
+    with store.write() as txn:
+        txn.add("parent", "the parent adds this before the fork")
+        pid = os.fork()
+        if pid == 0:
+            outcome = "no error"
+            try:
+                os.close(read_end)
+                try:
+                    txn.add("child", "the child adds through the parent's transaction")
+                except ForkedStoreError:
+                    outcome = "forked"
+                except BaseException as err:
+                    outcome = type(err).__name__
+                os.write(write_end, outcome.encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            report = pipe.read()
+        os.waitpid(pid, 0)
+        assert report == b"forked"
+        txn.add("after", "the parent adds this after the fork")
+    assert sorted(store) == ["after", "parent"]
+    assert store.check().ok
 
 
 # -- durability --------------------------------------------------------------------------------
