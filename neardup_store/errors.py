@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import numbers
+import os
+from pathlib import Path
 from typing import Any
 
 _SHOWN = 120  # the most characters of a refused value an error message repeats
@@ -85,6 +87,26 @@ def check_flags(**flags: object) -> None:
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise InvalidParameterError(name, flag, "True or False")
+
+
+def check_progress(progress: object) -> None:
+    """Raise :class:`InvalidParameterError` unless ``progress`` is ``None`` or callable:
+    it is first called after a batch has committed, too late to refuse it cleanly."""
+    if progress is not None and not callable(progress):
+        raise InvalidParameterError(
+            "progress", progress, "a function called with the count done so far, or None"
+        )
+
+
+def path_of(value: object) -> Path:
+    """``value`` as a :class:`~pathlib.Path` if it is a ``str`` or ``os.PathLike``; else
+    :class:`InvalidParameterError` (``Path`` raised a plain ``TypeError``)."""
+    if isinstance(value, str | os.PathLike):
+        try:
+            return Path(value)
+        except TypeError:  # a PathLike whose __fspath__ returns bytes
+            pass
+    raise InvalidParameterError("path", value, "a file system path: a str or os.PathLike")
 
 
 class DocumentError(NeardupError):

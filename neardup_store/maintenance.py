@@ -47,7 +47,9 @@ from .errors import (
     StoreBusyError,
     StoreFullError,
     check_flags,
+    check_progress,
     integer,
+    path_of,
 )
 from .integrity import (
     VIOLATION_KINDS,
@@ -602,6 +604,7 @@ def compact(
         >>> report.bytes_before - report.bytes_after  # doctest: +SKIP
     """
     check_flags(dry_run=dry_run)
+    check_progress(progress)
     data = store.path / "data.mdb"
     if dry_run:
         with store.read() as reader:
@@ -673,7 +676,8 @@ def backup(
         StoreFullError: the disk (or file-size limit) of ``path`` is full.
         OutputWriteError: the copy could not be written at ``path`` for another reason.
     """
-    target = Path(path)
+    target = path_of(path)
+    check_progress(progress)
     place, exists = _backup_place(store, target)
     # In an existing directory the data file is what is renamed into it (a mount point
     # cannot be replaced, nor can a symbolic link to a directory); else the directory.
@@ -1011,6 +1015,7 @@ def rebuild(
     from .params import StoreParams
 
     store._check_writable()
+    check_progress(progress)
     banding, threshold = _resolve_banding(store, threshold, bands, rows)
     old = store.params
     new = StoreParams(old.config, banding, threshold)

@@ -67,7 +67,9 @@ from .errors import (
     StoreNotFoundError,
     TooManyReadersError,
     check_flags,
+    check_progress,
     integer,
+    path_of,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
@@ -273,7 +275,7 @@ class Store:
             raise InvalidParameterError(
                 "mode", shown, "permission bits in [0o700, 0o777]: the owner needs rwx"
             )
-        directory = Path(path)
+        directory = path_of(path)
         asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
         if directory.exists() and not directory.is_dir():
             raise NotAStoreError(str(directory), "it is a file, not a store directory")
@@ -1178,6 +1180,7 @@ class Store:
         ``progress`` is called with the number purged so far after each commit.
         """
         self._check_writable()
+        check_progress(progress)
         next_size = self._batch_sizes(batch_size)
         total = 0
         while True:

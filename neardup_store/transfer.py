@@ -32,6 +32,8 @@ from .errors import (
     OutputWriteError,
     StoreBusyError,
     check_flags,
+    check_progress,
+    path_of,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig
@@ -60,6 +62,7 @@ def export(store: Store, stream: IO[bytes], progress: Callable[[int], None] | No
         ...     store.export(out)
     """
     _check_binary(stream, "wb")
+    check_progress(progress)
     count = 0
     with store.read() as reader:
         banding = store._read_meta(reader.txn, "banding")
@@ -91,7 +94,8 @@ def export_file(
             could destroy the store), or is a directory.
         OutputWriteError: the file could not be written (a full disk, say).
     """
-    target = Path(path)
+    target = path_of(path)
+    check_progress(progress)
     if target.resolve().is_relative_to(store.path.resolve()):
         raise InvalidParameterError("path", str(target), "a file outside the store's directory")
     if target.is_dir():
@@ -327,6 +331,7 @@ def import_(
     """
     store._check_writable()
     check_flags(replace=replace)
+    check_progress(progress)
     next_size = store._batch_sizes(batch_size, allow_none=False)
     _check_binary(stream, "rb")
     reader = _ExportReader(stream)
@@ -360,6 +365,8 @@ def create_from_export(
             before it: delete that store before retrying.)
     """
     check_batch_size(batch_size)  # before the store is made
+    check_progress(progress)
+    path = path_of(path)
     _refuse_a_store_at(path)
     _check_binary(stream, "rb")
     reader = _ExportReader(stream)

@@ -442,6 +442,34 @@ CASES: list[Case] = [
     Case("import with replace='no'", "import", InvalidParameterError, "replace='no'",
          lambda store: store.import_(io.BytesIO(export_bytes_cached()), replace="no"),
          in_write=False),
+    # progress= is first called after a batch commits: it must be refused before that
+    *(
+        Case(f"{operation} with progress=5", operation, InvalidParameterError, "progress=5",
+             call, in_write=False)
+        for operation, call in (
+            ("import", lambda store: store.import_(
+                io.BytesIO(export_bytes_cached()), batch_size=1, progress=5, replace=True)),
+            ("compact", lambda store: store.compact(progress=5)),
+            ("rebuild", lambda store: store.rebuild(progress=5)),
+            ("export", lambda store: store.export(io.BytesIO(), progress=5)),
+            ("export_file", lambda store: store.export_file(
+                store.path.parent / "out.export", progress=5)),
+            ("backup", lambda store: store.backup(store.path.parent / "copy", progress=5)),
+        )
+    ),
+    *(
+        Case(f"{operation} to path None", operation, InvalidParameterError, "path=None",
+             call, in_write=False)
+        for operation, call in (
+            ("backup", lambda store: store.backup(None)),
+            ("export_file", lambda store: store.export_file(None)),
+        )
+    ),
+    Case("open with path None", "open", InvalidParameterError, "path=None",
+         open_path=lambda path: Store.open(None), is_store=True),  # type: ignore[arg-type]
+    Case("create_from_export at path 5", "import", InvalidParameterError, "path=5",
+         open_path=lambda path: Store.create_from_export(  # type: ignore[arg-type]
+             5, io.BytesIO(export_bytes_cached()))),
     # metadata
     Case("metadata that is a set", "add", MetadataError, "cannot be stored",
          lambda t: t.add("new", TEXT, metadata={1, 2})),

@@ -90,6 +90,9 @@ def test_the_table_covers_every_operation() -> None:
         "export",
         "check",
         "compact",
+        "rebuild",
+        "export_file",
+        "backup",
     }
     assert len(CASES) >= 80
 

@@ -1319,6 +1319,8 @@ def test_a_transaction_purges_the_lowest_ids_first_up_to_its_limit(store: Store)
             with pytest.raises(InvalidParameterError, match="limit"):
                 txn.purge(bad)  # type: ignore[arg-type]
         assert txn.awaiting_purge() == 5 and not txn._wrote  # nothing changed
+    with pytest.raises(InvalidParameterError, match="progress=5"):  # before a batch commits
+        store.purge(batch_size=1, progress=5)  # type: ignore[arg-type]
     assert waiting() == [ids[key] for key in by_id] and still_in_buckets() == by_id
     assert band_entries(store) == [10] * store.banding.bands
     assert commit_counter(store) == counter  # nothing written: no commit
