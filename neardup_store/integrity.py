@@ -50,6 +50,7 @@ from . import codec, lmdbfile
 from .errors import check_flags
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
+from .store import META_COUNT_LIMITS, meta_count_ok
 
 if TYPE_CHECKING:
     from .store import Store
@@ -211,9 +212,9 @@ class _Checker:
             self.config(meta["config"])
         if "banding" in meta:
             self.banding(meta["banding"], version)
-        for name in ("commit_counter", "next_doc_id", "map_size"):
-            if name in meta and not (_is_int(meta[name]) and meta[name] >= 0):
-                self.add("meta", f"{name} is {meta[name]!r}, not a non-negative integer")
+        for name, limit in META_COUNT_LIMITS.items():
+            if name in meta and not meta_count_ok(name, meta[name]):
+                self.add("meta", f"{name} is {meta[name]!r}, not an integer in [0, {limit}]")
         next_id = meta.get("next_doc_id")
         id_limit = self.store._band_layout.id_limit
         if _is_int(next_id) and next_id > id_limit:
@@ -501,7 +502,7 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
                 naming = [(bytes(k), bytes(v)) for k, v in cursor if bytes(v) in damaged]
         txn.drop(store._keys_db, delete=False)
         next_id = _meta_value(store, txn, "next_doc_id")
-        next_id = next_id if _is_int(next_id) else 0
+        next_id = next_id if meta_count_ok("next_doc_id", next_id) else 0
         if store._removed_db is not None:  # the bands are re-derived from docs alone
             next_id = max(next_id, _id_after(txn, store._removed_db, store))  # never reused
             txn.drop(store._removed_db, delete=False)
@@ -570,7 +571,7 @@ def _reset_bad_counters(store: Store, txn: lmdb.Transaction) -> None:
     they are missing or not non-negative integers (the repair's own commit reads them)."""
     for name, value in (("commit_counter", 0), ("map_size", store._map_size())):
         current = _meta_value(store, txn, name)
-        if not (_is_int(current) and current >= 0):
+        if not meta_count_ok(name, current):
             txn.put(name.encode(), codec.pack_meta(value), db=store._meta_db)
 
 

@@ -418,7 +418,7 @@ def stats(store: Store, largest: int = 5) -> StoreStats:
             used_bytes=(last_pgno + 1) * page_size,
             page_size=page_size,
             free_pages=max(0, last_pgno + 1 - _META_PAGES - used_pages),
-            commit_counter=int(store._read_meta(txn, "commit_counter")),
+            commit_counter=store._read_count(txn, "commit_counter"),
             readers=readers.slots,
             active_readers=readers.active,
             oldest_snapshot_lag=readers.oldest_lag,
@@ -945,7 +945,7 @@ def _rebanding(
     def run(writer: WriteTxn) -> int:
         txn, env = writer.txn, store._require_env()
         layout = codec.band_layout(codec.FORMAT_VERSION)
-        if store._read_meta(txn, "next_doc_id") > layout.id_limit:  # ids it cannot hold
+        if store._next_doc_id(txn) > layout.id_limit:  # ids it cannot hold
             raise IdsExhaustedError(str(store.path), layout.id_limit)
         # Drop first: a dropped table's handle slot is free at once, for the new tables.
         for band in range(store.banding.bands):  # the store is still on the old generation

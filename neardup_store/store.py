@@ -135,6 +135,21 @@ MAX_MAP_SIZE = 1 << 46
 maps the whole map at once."""
 MAX_READERS = 1 << 16
 """The most reader slots: each is 64 bytes of the lock file (4 MiB at this limit)."""
+META_COUNT_LIMITS = {
+    "commit_counter": (1 << 63) - 1,
+    "next_doc_id": (1 << 63) - 1,
+    "map_size": MAX_MAP_SIZE,
+}
+"""The largest value of each bookkeeping count of ``meta`` (outside the parameters'
+checksum) that is not damage."""
+REPAIR_COUNT = "check(repair=True) or neardup-admin check --repair rewrites it"
+
+
+def meta_count_ok(name: str, value: object) -> bool:
+    """Whether ``value`` can be ``meta``'s count ``name`` (:data:`META_COUNT_LIMITS`)."""
+    return type(value) is int and 0 <= value <= META_COUNT_LIMITS[name]
+
+
 FULL_DISK_SLACK = 1 << 20
 """Free bytes below which a disk counts as full when LMDB reports a write as an I/O error."""
 
@@ -457,8 +472,12 @@ class Store:
             return
         params = self._params_from_meta(meta)
         self._check_asked(params, asked)
-        # An explicit map_size is honoured as at creation, but never below the size reached.
-        size = max(map_size or DEFAULT_MAP_SIZE, int(meta.get("map_size", 0)))
+        # An explicit map_size is honoured as at creation, but never below the size reached
+        # (as recorded; one past what any map can be is damage, and LMDB keeps the map at
+        # least as large as the file anyway).
+        recorded = meta.get("map_size", 0)
+        reached = recorded if meta_count_ok("map_size", recorded) else 0
+        size = max(map_size or DEFAULT_MAP_SIZE, reached)
         self._env = self._open_env(2 * params.banding.bands + 8, size, max_readers)
         try:
             self._attach(
@@ -936,14 +955,44 @@ class Store:
     def _read_meta(self, txn: lmdb.Transaction, name: str) -> Any:
         return codec.unpack_meta(txn.get(name.encode(), db=self._meta_db))
 
+    def _read_count(self, txn: lmdb.Transaction, name: str) -> int:
+        """A bookkeeping count of ``meta`` (``commit_counter``, ``next_doc_id``), checked:
+        these are outside the parameters' checksum, and a damaged one must stop a write
+        with a typed error, not be trusted or raise a raw ``TypeError``."""
+        value = self._read_meta(txn, name)
+        if not meta_count_ok(name, value):
+            raise CorruptStoreError(
+                str(self.path), f"meta {name} is {value!r}, not a count; {REPAIR_COUNT}"
+            )
+        return int(value)  # type: ignore[call-overload]
+
+    def _next_doc_id(self, txn: lmdb.Transaction) -> int:
+        """``meta`` ``next_doc_id``, checked to lie past every stored id (``docs`` and
+        ``removed``): one at or below them would hand out a stored id again, and the
+        appended record of the new document would be refused while its key and band
+        entries went in, pointing at another document."""
+        next_id = self._read_count(txn, "next_doc_id")
+        for db in (self._docs_db, self._removed_db):
+            if db is None:
+                continue
+            with txn.cursor(db=db) as cursor:
+                if cursor.last() and codec.decode_id(cursor.key()) >= next_id:
+                    raise CorruptStoreError(
+                        str(self.path),
+                        f"meta next_doc_id is {next_id}, but document id "
+                        f"{codec.decode_id(cursor.key())} is stored; {REPAIR_COUNT}",
+                    )
+        return next_id
+
     def _write_counters(self, writer: WriteTxn) -> None:
         txn = writer._live  # not .txn: these writes are redone by _end after a growth
-        counter = self._read_meta(txn, "commit_counter") + 1
+        counter = self._read_count(txn, "commit_counter") + 1
         txn.put(b"commit_counter", codec.pack_meta(counter), db=self._meta_db)
         if writer._next_id is not None:
             txn.put(b"next_doc_id", codec.pack_meta(writer._next_id), db=self._meta_db)
         size = self._map_size()
-        if self._read_meta(txn, "map_size") < size:
+        recorded = self._read_meta(txn, "map_size")
+        if not meta_count_ok("map_size", recorded) or recorded < size:
             txn.put(b"map_size", codec.pack_meta(size), db=self._meta_db)
 
     # -- validation helpers used by transactions -------------------------------------------------

@@ -944,7 +944,7 @@ class WriteTxn(ReadTxn):
     def _allocate_ids(self, count: int) -> npt.NDArray[np.uint64]:
         """The next ``count`` document ids (consecutive, never reused)."""
         if self._next_id is None:
-            self._next_id = self._store._read_meta(self._live, "next_doc_id")
+            self._next_id = self._store._next_doc_id(self._live)
         limit = self._store._band_layout.id_limit
         if self._next_id + count > limit:
             raise IdsExhaustedError(str(self._store.path), limit)

@@ -21,7 +21,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from harness import LineDrivenProcess, band_table_entry, kept_band_key, raw_dump
+from harness import LineDrivenProcess, band_table_entry, kept_band_key, raw_digest, raw_dump
 from test_format import rewrite_as_old_format
 
 from neardup_store import codec, integrity, maintenance
@@ -29,6 +29,7 @@ from neardup_store.clusters import duplicate_groups, verified_pairs
 from neardup_store.demo import DemoCorpus, make_corpus
 from neardup_store.errors import (
     CorruptRecordError,
+    CorruptStoreError,
     DuplicateKeyError,
     InvalidParameterError,
     InvalidStreamError,
@@ -509,6 +510,48 @@ def test_a_repair_rewrites_missing_bookkeeping_meta(store: Store, entry: str) ->
         assert damaged.check(repair=True).ok and damaged.check().ok
         damaged.add("after-repair", "a document added once the store was repaired")
         assert len(damaged) == documents + 1
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "kind"),
+    [("next_doc_id", "7", "meta"), ("next_doc_id", -1, "meta"), ("next_doc_id", 3, "doc-id"),
+     ("commit_counter", "x", "meta"), ("commit_counter", 2**64 - 1, "meta")],
+)  # fmt: skip
+def test_a_damaged_bookkeeping_count_stops_a_write_typed_until_a_repair(
+    store: Store, entry: str, value: object, kind: str
+) -> None:
+    """These counts are outside the parameters' checksum. Damaged, they were trusted: a
+    next_doc_id below the stored ids had the next add report success while its record
+    was refused and its key pointed at another document; a string or an out-of-range
+    number failed the write with a raw TypeError or OverflowError (a review's finding)."""
+    path = store.path
+    documents = len(store)
+    store.close()
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        txn.put(entry.encode(), codec.pack_meta(value), db=dbs[codec.META_DB])
+    before = raw_digest(path)
+    with Store.open(path) as damaged:
+        with pytest.raises(CorruptStoreError, match=f"meta {entry} is .*check --repair"):
+            damaged.add("new", "a document added after the damage")
+    assert raw_digest(path) == before
+    with Store.open(path) as damaged:
+        assert kind in damaged.check().kinds()
+        assert damaged.check(repair=True).ok and damaged.check().ok
+        damaged.add("new", "a document added after the damage")
+        assert damaged.get("new").key == "new" and len(damaged) == documents + 1
+        assert [m.key for m in damaged.query("a document added after the damage")] == ["new"]
+
+
+def test_a_recorded_map_size_past_any_map_is_ignored_and_rewritten(store: Store) -> None:
+    """One past the largest map made every open fail as 'not a neardup_store store'."""
+    path = store.path
+    store.close()
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        txn.put(b"map_size", codec.pack_meta(2**62), db=dbs[codec.META_DB])
+    with Store.open(path) as damaged:
+        assert damaged.check().kinds() == {"meta"}
+        damaged.add("new", "a document added after the damage")
+        assert damaged.check().ok
 
 
 def test_a_repair_never_hands_out_the_id_of_a_record_it_cannot_read(store: Store) -> None:
