@@ -398,8 +398,11 @@ def create_from_export(
         store.close()
         if store.created_here:  # not a store another process made at the path meanwhile
             _delete_created(Path(path), made)
-            if isinstance(error, NeardupError) and getattr(error, "committed", 0):
-                error.committed = 0  # type: ignore[attr-defined]  # deleted with the store
+            # A Ctrl-C carries the batches' note too: none of it is true of a deleted store.
+            if isinstance(error, NeardupError | KeyboardInterrupt) and getattr(
+                error, "committed", None
+            ):
+                error.committed = 0  # type: ignore[union-attr]  # deleted with the store
                 error.__notes__ = ["the store this call created was deleted: nothing of it is left"]
         raise
     return store

@@ -530,9 +530,9 @@ def test_a_damaged_bookkeeping_count_stops_a_write_typed_until_a_repair(
     with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
         txn.put(entry.encode(), codec.pack_meta(value), db=dbs[codec.META_DB])
     before = raw_digest(path)
-    with Store.open(path) as damaged:
-        with pytest.raises(CorruptStoreError, match=f"meta {entry} is .*check --repair"):
-            damaged.add("new", "a document added after the damage")
+    refused = pytest.raises(CorruptStoreError, match=f"meta {entry} is .*check --repair")
+    with Store.open(path) as damaged, refused:
+        damaged.add("new", "a document added after the damage")
     assert raw_digest(path) == before
     with Store.open(path) as damaged:
         assert kind in damaged.check().kinds()
@@ -1230,6 +1230,22 @@ def test_a_failed_create_from_export_deletes_its_store_and_says_nothing_is_left(
     assert not (tmp_path / "copy").exists()
     assert caught.value.committed == 0  # type: ignore[attr-defined]
     assert caught.value.__notes__ == [
+        "the store this call created was deleted: nothing of it is left"
+    ]
+
+    class Interrupted(io.BytesIO):
+        """A Ctrl-C while the third batch is read, two having committed."""
+
+        def read1(self, size: int = -1) -> bytes:
+            if self.tell() > len(self.getbuffer()) * 2 // 3:
+                raise KeyboardInterrupt
+            return super().read1(1024)  # in small reads, as from a pipe
+
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        Store.create_from_export(tmp_path / "copy", Interrupted(_export(store)), batch_size=100)
+    assert not (tmp_path / "copy").exists()
+    assert stopped.value.committed == 0  # type: ignore[attr-defined]
+    assert stopped.value.__notes__ == [  # not 'resume from item #200' of a deleted store
         "the store this call created was deleted: nothing of it is left"
     ]
 
