@@ -218,14 +218,20 @@ class NotAStoreError(NeardupError, ValueError):
 class FormatVersionError(NeardupError, ValueError):
     """The store was written in a format this release does not read."""
 
-    def __init__(self, path: str, found: object, supported: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        path: str,
+        found: object,
+        supported: tuple[int, ...],
+        what: str = "store format",
+        advice: str = (
+            "open it with the release that wrote it and export it (`neardup-admin export`), "
+            "then import the export here (if no other release wrote it, the store is "
+            "corrupt: restore it from a backup)"
+        ),
+    ) -> None:
         readable = " and ".join(f"v{version}" for version in supported)
-        super().__init__(
-            f"{path}: store format v{found}, this release reads {readable}; open it with "
-            "the release that wrote it and export it (`neardup-admin export`), then import "
-            "the export here (if no other release wrote it, the store is corrupt: restore "
-            "it from a backup)"
-        )
+        super().__init__(f"{path}: {what} v{found}, this release reads {readable}; {advice}")
         self.path, self.found, self.supported = path, found, supported
 
 

@@ -96,13 +96,24 @@ class MinHashConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MinHashConfig:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`. A parameter this release does not know (a later
+        release's, from an export or a job's output) is refused: dropped, the store
+        would sign its text queries otherwise than its imported signatures."""
+        unknown = sorted(map(str, set(data) - set(_CONFIG_FIELDS)))
+        if unknown:
+            raise InvalidParameterError(
+                "config", unknown, f"only {', '.join(_CONFIG_FIELDS)} (a later release's?)"
+            )
         return cls(
             num_perm=data["num_perm"],
             scheme=data["scheme"],
             seed=data["seed"],
             shingles=ShingleConfig.from_dict(data["shingles"]),
         )
+
+
+_CONFIG_FIELDS = ("num_perm", "scheme", "seed", "shingles")
+"""The keys of :meth:`MinHashConfig.to_dict`."""
 
 
 def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:

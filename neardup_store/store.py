@@ -74,7 +74,7 @@ from .errors import (
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
 from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
-from .text import ShingleConfig, check_batch
+from .text import HASH_VERSION, ShingleConfig, check_batch
 from .txn import (
     KEYS,
     SIGNATURE_ITEMS,
@@ -143,6 +143,13 @@ META_COUNT_LIMITS = {
 """The largest value of each bookkeeping count of ``meta`` (outside the parameters'
 checksum) that is not damage."""
 REPAIR_COUNT = "check(repair=True) or neardup-admin check --repair rewrites it"
+
+
+def _hash_version_of(config: object) -> object:
+    """The ``hash_version`` a store's ``config`` records (``None`` where the config is
+    not shaped as one: decoding it reports that)."""
+    shingles = config.get("shingles") if isinstance(config, dict) else None
+    return shingles.get("hash_version", HASH_VERSION) if isinstance(shingles, dict) else None
 
 
 def meta_count_ok(name: str, value: object) -> bool:
@@ -551,6 +558,16 @@ class Store:
         expected = codec.meta_checksum({k.decode(): v for k, v in raw.items()})
         if checksum is not None and checksum != expected:
             raise CorruptStoreError(path, "the checksum of its parameters in meta does not match")
+        hashing = _hash_version_of(meta["config"])
+        if hashing is not None and hashing != HASH_VERSION:  # sealed: another release's
+            raise FormatVersionError(
+                path,
+                hashing,
+                (HASH_VERSION,),
+                "signature hashing",
+                "its signatures cannot be compared with this release's: use it with the "
+                "release that wrote it, or add the texts again to a new store made here",
+            )
         return meta
 
     def _names_store_tables(self, env: lmdb.Environment) -> bool:
