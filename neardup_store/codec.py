@@ -2,8 +2,9 @@
 
 A store is one LMDB environment (a directory holding ``data.mdb`` and ``lock.mdb``, plus
 our lock files ``neardup.lock`` and ``neardup.create.lock``) with these named tables.
-Integers in keys are big-endian, so LMDB's byte order is numeric order; integers inside
-values are little-endian.
+Document ids and band keys are big-endian wherever they appear (table keys, the ``keys``
+table's values, the band tables' values), so LMDB's byte order is numeric order; the other
+integers, inside document records, are little-endian.
 
 ``meta`` — text key → msgpack value
     ``format``           the string ``"neardup_store"``: marks the environment as a store.
