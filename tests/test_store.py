@@ -305,7 +305,7 @@ def test_a_store_of_another_signature_hashing_is_refused_as_another_release_s(
             txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
     finally:
         env.close()
-    with pytest.raises(FormatVersionError, match="signature hashing v2.*cannot be compared"):
+    with pytest.raises(FormatVersionError, match=r"signature hashing v2.*cannot be compared"):
         Store.open(store_path, read_only=True)
 
 
