@@ -37,7 +37,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -1018,6 +1018,8 @@ class Store:
         return self.threshold if threshold is None else valid_threshold(threshold)
 
     def _check_signatures(self, signatures: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        if isinstance(signatures, list | tuple):
+            _check_row_types(signatures)
         array = _numbers(signatures, "signatures")
         num_perm = self.config.num_perm
         if array.ndim != 2 or array.shape[1] != num_perm or array.dtype.kind not in "ui":
@@ -1442,6 +1444,23 @@ class _Reading:
                 txn.abort()
         finally:
             self._store._end_tracked(self._counts)
+
+
+def _check_row_types(rows: Sequence[object]) -> None:
+    """Refuse a row that is not integers by its own type: stacked, numpy casts the rows to
+    one type, and a row of bools (or floats) among integer rows passed as their values."""
+    dtypes = {getattr(row, "dtype", None) for row in rows}  # one pass; arrays, as a rule
+    if all(dtype is not None and dtype.kind in "ui" for dtype in dtypes):
+        return
+    for row in rows:
+        try:
+            dtype = row.dtype if isinstance(row, np.ndarray) else np.asarray(row).dtype
+        except (ValueError, TypeError):
+            continue  # a ragged row: stacking reports it
+        if dtype.kind not in "ui":
+            raise InvalidParameterError(
+                "signatures", f"a signature of {dtype} values", "integers in every signature"
+            )
 
 
 def _numbers(values: npt.ArrayLike, name: str) -> npt.NDArray[Any]:

@@ -252,7 +252,9 @@ class ReadTxn:
         return Document(record.key, record.signature, record.metadata)
 
     def keys(self) -> Iterator[Key]:
-        """Every stored key, in insertion order (of this snapshot).
+        """Every stored key, in insertion order (of this snapshot). In a write block, the
+        keys stored when the iteration began: what the loop adds or replaces is not
+        yielded (a replacement is a new document, after them).
 
         Raises:
             StoreClosedError: the iterator was read on after its transaction ended (the
@@ -261,9 +263,12 @@ class ReadTxn:
         for _, key in self._key_rows():
             yield key
 
-    def _key_rows(self, after: bytes | None = None) -> Iterator[tuple[bytes, Key]]:
+    def _key_rows(
+        self, after: bytes | None = None, until: bytes | None = None
+    ) -> Iterator[tuple[bytes, Key]]:
         """``(document id, key)`` of every stored document, in id order, from the first
-        id past ``after`` (from the first if ``None``)."""
+        id past ``after`` (from the first if ``None``) up to ``until`` (to the last if
+        ``None``)."""
         txn = self._live
         with txn.cursor(db=self._store._docs_db) as cursor:
             step = cursor.first if after is None else (lambda: cursor.set_range(after))
@@ -274,7 +279,7 @@ class ReadTxn:
                         found = cursor.next()
                     after = None
                     step = cursor.next
-                    if not found:
+                    if not found or (until is not None and cursor.key() > until):
                         return
                     raw_id, record = cursor.item()
                 except lmdb.Error:
@@ -782,27 +787,37 @@ class WriteTxn(ReadTxn):
         if self._operating:
             yield from ReadTxn.keys(self)
             return
-        read, placed, last = _KeysRead(None), -1, None
-        for raw_id, key in self._key_rows():
+        # It ends at the last document stored when it began: a document the loop adds or
+        # replaces gets a new id, and yielded again, a loop replacing each never ended.
+        until = self._last_doc_id()
+        read, placed, last = _KeysRead(None, until), -1, None
+        for raw_id, key in self._key_rows(until=until):
             if placed != len(self._log):
-                read = _KeysRead(last)
+                read = _KeysRead(last, until)
                 self._log.append((self._keys_read_again, (read,), {}, "the same"))
                 placed = len(self._log)
             read.add(key)
             last = raw_id
             yield key
         if placed != len(self._log):  # also where it ended, if none was read
-            read = _KeysRead(last)
+            read = _KeysRead(last, until)
             self._log.append((self._keys_read_again, (read,), {}, "the same"))
         read.ended = True
 
     __iter__ = keys
 
+    def _last_doc_id(self) -> bytes:
+        """The id of the last document stored now (``b""`` if there is none)."""
+        with self._live.cursor(db=self._store._docs_db) as cursor:
+            return bytes(cursor.key()) if cursor.last() else b""
+
     def _keys_read_again(self, read: _KeysRead) -> str:
         """Whether the keys ``read`` holds still follow its ``after`` in this snapshot
         (and, if the iterator ended, are the last ones): ``"the same"`` or what differs."""
-        again = _KeysRead(read.after)
-        rows = self._key_rows(read.after)
+        if read.after is None and self._last_doc_id() != read.until:  # where it began
+            return "another last document where the iterator began"
+        again = _KeysRead(read.after, read.until)
+        rows = self._key_rows(read.after, read.until)
         for _, key in itertools.islice(rows, read.count):
             again.add(key)
         if again.count != read.count:
@@ -1440,7 +1455,7 @@ def prepare_batch(
     if signatures is None:
         signatures = store.hasher.signatures([text for _, text, _ in items], encoding)
     return _PreparedBatch(
-        keys=[key for key, _, _ in items],
+        keys=[_frozen_key(key) for key, _, _ in items],  # reported back: never the caller's buffer
         raw_keys=[raw for raw, _ in checked],
         str_keys=[is_str for _, is_str in checked],
         indexes=[codec.key_index(raw, is_str) for raw, is_str in checked],
@@ -1462,7 +1477,8 @@ def document_item(entry: object, second: str = "text") -> tuple[object, object, 
 
 
 def _frozen_key(key: object) -> object:
-    """``key`` as a value its caller cannot change afterwards (for the operation log)."""
+    """``key`` as a value its caller cannot change afterwards (for the operation log, and
+    for the keys reported back)."""
     return bytes(key) if isinstance(key, (bytearray, memoryview)) else key
 
 
@@ -1478,13 +1494,13 @@ class _Refusal(NamedTuple):
 
 
 class _KeysRead:
-    """Keys a key iterator has yielded, from the first id past ``after``: their count
-    and a digest of them."""
+    """Keys a key iterator has yielded, from the first id past ``after`` up to ``until``:
+    their count and a digest of them."""
 
-    __slots__ = ("after", "count", "digest", "ended")
+    __slots__ = ("after", "count", "digest", "ended", "until")
 
-    def __init__(self, after: bytes | None) -> None:
-        self.after = after
+    def __init__(self, after: bytes | None, until: bytes | None) -> None:
+        self.after, self.until = after, until
         self.count = 0
         self.digest = xxhash.xxh64()
         self.ended = False

@@ -487,6 +487,14 @@ CASES: list[Case] = [
          "different shapes",
          lambda t: t.add_signatures([("new-1", good_signature()),
                                      ("new-2", good_signature()[:-1])])),
+    *(
+        Case(f"a {kind} signature among integer ones", "add_signatures", InvalidParameterError,
+             f"signature of {kind} values",
+             lambda t, rows=rows: t.add_signatures(
+                 [("new-1", good_signature()), ("new-2", rows)]))
+        for kind, rows in (("bool", np.ones(NUM_PERM, dtype=bool)),
+                           ("float64", [1.5] * NUM_PERM))
+    ),
     Case("float signature", "add", InvalidParameterError, "float64",
          lambda t: t.add("new", signature=_sig(good_signature(), np.float64))),
     Case("int64 signature over 2**32", "add_signatures", InvalidParameterError, "out of range",

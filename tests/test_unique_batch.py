@@ -150,6 +150,25 @@ def test_a_document_is_matched_only_against_earlier_ones_that_were_added(
     assert [(m.key, m.score) for m in got[1].matches] == [("x", 120 / 128)]
 
 
+def test_keys_given_as_buffers_are_reported_as_bytes_the_caller_cannot_change(
+    tmp_path: Path,
+) -> None:
+    """The results carried the caller's own bytearray: reused afterwards, a reported match
+    named a key never stored (a review's finding)."""
+    rng = np.random.default_rng(3)
+    x, y, _ = chain(rng)
+    buffer = bytearray(b"first")
+    with Store.open(tmp_path / "s", create=True, **PARAMS) as store:
+        first, second = store.add_signatures_if_unique([(buffer, x), (b"second", y)], threshold=0.9)
+        alone = store.add_if_unique(bytearray(b"third"), signature=rng.integers(0, 2**32, 128))
+        buffer[:] = b"XXXXX"
+        assert type(first.key) is bytes and first.key == b"first" and first.added
+        assert [m.key for m in second.matches] == [b"first"] and not second.added
+        assert type(second.matches[0].key) is bytes
+        assert type(alone.key) is bytes and alone.key == b"third"
+        assert sorted(store) == [b"first", b"third"]
+
+
 def test_matches_are_ordered_by_score_then_id_across_stored_and_batch_documents(
     tmp_path: Path,
 ) -> None:
