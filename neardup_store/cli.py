@@ -29,7 +29,13 @@ from . import cli_render as render
 from . import ingest
 from ._version import __version__
 from .demo import run_demo
-from .errors import EmptyDocumentError, NeardupError, NotAStoreError, StoreNotFoundError
+from .errors import (
+    EmptyDocumentError,
+    InvalidParameterError,
+    NeardupError,
+    NotAStoreError,
+    StoreNotFoundError,
+)
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
@@ -46,6 +52,20 @@ class InputError(click.ClickException):
 
 
 class _Group(click.Group):
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # While Click parses, before invoke: Click would say "Aborted!" with exit 1, the
+        # code for findings.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt as err:
+            raise _interrupted_exit(err) from err
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with _named_stdout():
@@ -53,8 +73,7 @@ class _Group(click.Group):
         except NeardupError as err:  # with its notes (what earlier batches committed)
             raise InputError(_cli_wording(_with_notes(err))) from err
         except KeyboardInterrupt as err:  # add and dedup report their own
-            click.echo(_cli_wording(_with_notes(err, "interrupted")), err=True)
-            raise click.exceptions.Exit(130) from err
+            raise _interrupted_exit(err) from err
         except click.FileError as err:
             # A file argument that cannot be opened (an output in a missing directory, an
             # unreadable input) is an input error: Click's own exit code for it is 1.
@@ -67,6 +86,12 @@ class _Group(click.Group):
                 _reader_gone()
             lead = f"{err.filename}: {err.strerror or err}"  # an output's notes say what is done
             raise InputError(_with_notes(err, lead)) from err
+
+
+def _interrupted_exit(err: KeyboardInterrupt) -> click.exceptions.Exit:
+    """Say ``interrupted`` (and what earlier batches committed): the exit for Ctrl-C, 130."""
+    click.echo(_cli_wording(_with_notes(err, "interrupted")), err=True)
+    return click.exceptions.Exit(130)
 
 
 _STDOUT = "stdout"
@@ -346,8 +371,8 @@ def _source_texts(
     name = getattr(stream, "name", "-")
 
     def lookup(key: Any) -> str:
-        try:
-            return texts[render.key_text(key)]
+        try:  # a str key is its line's id as add read it; a bytes key (never add's) as printed
+            return texts[key if isinstance(key, str) else render.key_text(key)]
         except KeyError:
             raise InputError(
                 f"{name}: no text for stored key {key!r} (needed by --exact)"
@@ -644,8 +669,8 @@ def _write_report(report: IO[str], result: ingest.IngestReport) -> None:
     write error can still be reported: at Click's close it would be dropped, with exit 0."""
     try:
         for skipped in result.skipped:
-            record = {"key": _plain(skipped.key), "skipped": skipped.reason}
-            record["matches"] = [_plain(k) for k in skipped.matching_keys]
+            record = {"key": render.key_text(skipped.key), "skipped": skipped.reason}
+            record["matches"] = [render.key_text(k) for k in skipped.matching_keys]
             report.write(json.dumps(record) + "\n")
         for failure in result.failed:
             report.write(json.dumps({"source": failure.source, "failed": failure.reason}) + "\n")
@@ -672,10 +697,6 @@ def _report_failures(
         render.failures(failed, as_json, more)
     if failed:
         sys.exit(1)
-
-
-def _plain(key: str | bytes) -> str:
-    return key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")
 
 
 @cli.command()
@@ -849,14 +870,14 @@ def query(
         )
     failed += empty
     rows = [
-        (q.qid, m.key, m.score, m.exact)
+        (q.qid, render.key_text(m.key), m.score, m.exact)
         for q, matches in zip(queries, results, strict=True)
         for m in matches
     ]
     headers = ("query", "key", "score", "exact") if exact else ("query", "key", "score")
     if as_json:
         for qid, key, score, jaccard in rows:
-            record = {"query": qid, "key": render.key_text(key), "score": score}
+            record = {"query": qid, "key": key, "score": score}
             render.json_line(record if exact is None else {**record, "exact": jaccard})
     elif rows:
         render.table(headers, [row[: len(headers)] for row in rows])
@@ -949,13 +970,14 @@ def pairs(path: str, threshold: float | None, fmt: str, fail_on_duplicates: bool
         sys.exit(1)
 
 
-def _with_progress(found: Iterator[Pair], label: str) -> Iterator[tuple[Any, Any, float]]:
-    """Stream pairs as rows, behind a progress counter on a terminal (silent when piped).
+def _with_progress(found: Iterator[Pair], label: str) -> Iterator[tuple[str, str, float]]:
+    """Stream pairs as rows of printed keys (:func:`.cli_render.key_text`) and score, behind
+    a progress counter on a terminal (silent when piped).
 
     When stdout is a terminal too, rows are held until the walk ends so that they do not
     interleave with the bar.
     """
-    rows = ((p.first, p.second, p.score) for p in found)
+    rows = ((render.key_text(p.first), render.key_text(p.second), p.score) for p in found)
     if not _show_progress():
         yield from rows
         return
@@ -983,11 +1005,9 @@ def _count(rows: Iterator[tuple[Any, ...]], sink: Any) -> int:
     return seen
 
 
-def _pairs_jsonl(rows: Iterator[tuple[Any, Any, float]]) -> None:
+def _pairs_jsonl(rows: Iterator[tuple[str, str, float]]) -> None:
     for first, second, score in rows:
-        render.json_line(
-            {"first": render.key_text(first), "second": render.key_text(second), "score": score}
-        )
+        render.json_line({"first": first, "second": second, "score": score})
 
 
 @cli.command()
@@ -1008,7 +1028,7 @@ def clusters(path: str, threshold: float | None, fmt: str) -> None:
         for number, keys in enumerate(groups, 1):
             render.json_line({"cluster": number, "keys": [render.key_text(k) for k in keys]})
         return
-    rows = [(number, key) for number, keys in enumerate(groups, 1) for key in keys]
+    rows = [(number, render.key_text(key)) for number, keys in enumerate(groups, 1) for key in keys]
     if fmt == "csv":
         render.csv_rows(("cluster", "key"), rows)
     else:
@@ -1081,15 +1101,19 @@ def remove(
     """Remove documents by key, in one transaction (all or nothing) unless --batch-size
     commits every that many; a missing key fails before anything is removed.
 
+    Keys are written as pairs, query and clusters print them: hex:<hex digits> is a bytes
+    key, and a key that starts with hex: has a backslash in front (\\hex:...).
+
     \b
     Example:
         neardup-admin remove ./corpus.ndx doc-17 doc-18
+        neardup-admin remove ./corpus.ndx hex:00ff '\\hex:00ff'
         neardup-admin remove ./corpus.ndx --from-file stale-keys.txt --missing-ok
         neardup-admin remove ./corpus.ndx --from-file takedowns.txt --batch-size auto
     """
     if not keys and from_file is None:
         raise click.UsageError("give keys as arguments or with --from-file")
-    wanted = list(keys)
+    wanted = [render.key_from_text(key) for key in keys]
     if from_file is not None:  # an empty file is no mistake: nothing is stale today
         wanted += _key_lines(from_file)
     with open_store(path, readonly=False) as store:
@@ -1100,10 +1124,11 @@ def remove(
         click.echo(f"Removed {removed} of {len(wanted)} documents.")
 
 
-def _key_lines(stream: IO[bytes]) -> list[str]:
-    """The keys of a file, one a line (blank lines skipped), each checked to be UTF-8."""
+def _key_lines(stream: IO[bytes]) -> list[str | bytes]:
+    """The keys of a file, one a line (blank lines skipped), each checked to be UTF-8 and
+    read as :func:`.cli_render.key_from_text` reads a key."""
     name = _stream_name(stream)
-    keys = []
+    keys: list[str | bytes] = []
     for number, raw in enumerate(stream, 1):
         try:
             line = (decode_text if number == 1 else bytes.decode)(raw, "utf-8").rstrip("\r\n")
@@ -1113,8 +1138,16 @@ def _key_lines(stream: IO[bytes]) -> list[str]:
                 "are read as UTF-8 text"
             ) from None
         if line.strip():
-            keys.append(line)
+            keys.append(_key_at(line, f"{name}:{number}"))
     return keys
+
+
+def _key_at(text: str, where: str) -> str | bytes:
+    """The key a line of a key file names; a malformed one is refused with its place."""
+    try:
+        return render.key_from_text(text)
+    except InvalidParameterError as err:
+        raise InputError(f"{where}: {err}") from None
 
 
 @cli.command()
@@ -1530,5 +1563,10 @@ def demo(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    A Ctrl-C from the moment this module is loaded ends in ``interrupted`` and exit 130
+    (:class:`_Group`). One while the package itself is still importing, before this module
+    runs, cannot be caught here: that needs an entry point outside the package.
+    """
     cli(prog_name="neardup-admin")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ import click
 import numpy as np
 
 from .demo import DemoResult
+from .errors import InvalidParameterError
 from .ingest import Failure, json_text
 from .lsh import LSHParams
 from .maintenance import (
@@ -27,11 +29,49 @@ from .maintenance import (
     bucket_size_range,
 )
 
+HEX_PREFIX = "hex:"
+"""How a bytes key starts when the CLI prints it (see :func:`key_text`)."""
+_HEX_DIGITS = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
 
 def key_text(key: str | bytes) -> str:
-    """A key as text: bytes keys (possible from the library, never from this CLI) are shown
-    as ``hex:...`` so that JSON output stays valid and nothing is silently re-encoded."""
-    return key if isinstance(key, str) else "hex:" + bytes(key).hex()
+    """A key as text that names it and no other, in every output format.
+
+    Bytes keys (possible from the library, never from this CLI) are shown as ``hex:`` and
+    their bytes in lowercase hex, so that JSON stays valid and nothing is silently
+    re-encoded. A str key that could be read as one (``hex:`` after any backslashes) gets
+    one backslash more in front, so the two never print alike: ``b"\\x00\\xff"`` prints
+    as ``hex:00ff`` and ``"hex:00ff"`` as ``\\hex:00ff``. Every other str key prints as it
+    is. :func:`key_from_text` reads any of them back.
+    """
+    if not isinstance(key, str):
+        return HEX_PREFIX + bytes(key).hex()
+    return "\\" + key if _looks_like_bytes(key) else key
+
+
+def key_from_text(text: str) -> str | bytes:
+    """The key that :func:`key_text` prints as ``text``: what ``remove`` takes.
+
+    Raises:
+        InvalidParameterError: ``text`` starts with ``hex:`` but no whole bytes follow.
+    """
+    if text.startswith("\\") and _looks_like_bytes(text):
+        return text[1:]
+    if not text.startswith(HEX_PREFIX):
+        return text
+    digits = text[len(HEX_PREFIX) :]
+    if not _HEX_DIGITS.fullmatch(digits):
+        raise InvalidParameterError(
+            "key",
+            text,
+            "hex: and two hex digits a byte for a bytes key (a str key that starts with "
+            "hex: is written with a backslash in front, \\hex:...)",
+        )
+    return bytes.fromhex(digits)
+
+
+def _looks_like_bytes(text: str) -> bool:
+    return text.lstrip("\\").startswith(HEX_PREFIX)
 
 
 def json_line(record: dict[str, Any]) -> None:
@@ -79,7 +119,9 @@ def summary(record: dict[str, Any], as_json: bool) -> None:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print an aligned table: numbers right-aligned, text left-aligned, floats to 4 places."""
+    """Print an aligned table: numbers right-aligned, text left-aligned, floats to 4 places.
+
+    Text is printed as it is: pass keys through :func:`key_text` first."""
     raw = [list(row) for row in rows]
     cells = [[_cell(v) for v in row] for row in raw]
     widths = [len(h) for h in headers]
@@ -102,7 +144,7 @@ def _is_number(value: Any) -> bool:
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, bytes):
         return key_text(value)
     return "" if value is None else str(value)
 
@@ -115,7 +157,7 @@ def _join(cells: Sequence[str], widths: list[int], numeric: list[bool]) -> str:
 
 
 def csv_rows(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print CSV with a header line (streamed row by row)."""
+    """Print CSV with a header line (streamed row by row); keys as :func:`table` takes them."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(headers)
@@ -123,7 +165,7 @@ def csv_rows(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     for row in rows:
         buffer.seek(0)
         buffer.truncate()
-        writer.writerow([key_text(v) if isinstance(v, (str, bytes)) else v for v in row])
+        writer.writerow([key_text(v) if isinstance(v, bytes) else v for v in row])
         click.echo(buffer.getvalue(), nl=False)
 
 

@@ -68,6 +68,10 @@ docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
 _STATE_VERSION = 2  # 2: positions carry input_tail (a version 1 file resumes unchecked)
 _READABLE_STATES = (1, 2)
+_STATE_FIELDS = frozenset({"version", "job", "committed", "pending", "probe_key", "done"})
+_JOB_FIELDS = ("input", "keep", "dropped", "store", "id_field", "text_field", "threshold")
+_COUNTS = ("line", "input_offset", "keep_bytes", "dropped_bytes", "batches", "kept", "dropped")
+_NEWER_FIELDS = frozenset({"already_stored", "input_tail"})  # may be absent from version 1
 
 
 # -- records and reports ---------------------------------------------------------------------
@@ -189,10 +193,11 @@ class Interrupted(KeyboardInterrupt):
 class DedupStateError(NeardupError, ValueError):
     """The progress file next to the keep file does not fit this dedup run."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, *, damaged: bool = False) -> None:
+        resume = "put back an intact copy of it" if damaged else "rerun with the same arguments"
         super().__init__(
-            f"{path}: {reason}; rerun with the same arguments to resume, or delete it (and "
-            "use a fresh store) to start over"
+            f"{path}: {reason}; {resume} to resume, or delete it (and use a fresh store) to "
+            "start over"
         )
         self.path, self.reason = path, reason
 
@@ -745,7 +750,7 @@ def dedup(
         for path in paths[1:]:
             path.open("wb").close()
     else:
-        at, done = _resolve(store, state), bool(state.get("done"))
+        at, done = _resolve(store, state), state.done
         resumed_from = at.line
         grown = _check_input(paths[0], at, sidecar)  # on every resume, finished or not
         done = done and not grown  # lines appended to a finished job's input: read on
@@ -1025,33 +1030,143 @@ def _save_state(
         os.close(directory)
 
 
-def _load_state(sidecar: Path, job: dict[str, Any]) -> dict[str, Any] | None:
+def _load_state(sidecar: Path, job: dict[str, Any]) -> _State | None:
+    """The progress file of ``job``, every field checked before anything acts on it: a
+    damaged position would cut the finished outputs back to what it says."""
     if not sidecar.exists():
         return None
     try:
         state = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DedupStateError(str(sidecar), f"unreadable progress file ({err})") from None
-    if not isinstance(state, dict) or state.get("version") not in _READABLE_STATES:
+    except (OSError, ValueError) as err:  # ValueError: not JSON, so rerunning cannot help
+        damaged = isinstance(err, ValueError)
+        reason = f"unreadable progress file ({err})"
+        raise DedupStateError(str(sidecar), reason, damaged=damaged) from None
+    version = state.get("version") if isinstance(state, dict) else None
+    if type(version) is not int or version not in _READABLE_STATES:
         raise DedupStateError(str(sidecar), "not a progress file of this version")
-    if state.get("job") != job:
-        differs = sorted(k for k in job if state["job"].get(k) != job[k])
+    try:
+        saved = _checked_state(state, version)
+    except _StateFieldError as err:
+        reason = f"unreadable progress file ({err})"
+        raise DedupStateError(str(sidecar), reason, damaged=True) from None
+    if state["job"] != job:
+        differs = sorted(k for k in job if state["job"][k] != job[k])
         raise DedupStateError(
             str(sidecar), f"it records a different job (differs in {', '.join(differs)})"
         )
-    return state
+    return saved
 
 
-def _resolve(store: Store, state: dict[str, Any]) -> _Position:
+@dataclass(frozen=True)
+class _State:
+    """A checked progress file: the committed position, a pending batch and its probe key,
+    and whether the job finished."""
+
+    committed: _Position
+    pending: _Position | None
+    probe_key: str | None
+    done: bool
+
+
+class _StateFieldError(ValueError):
+    """What is wrong with a progress file's fields (becomes a :class:`DedupStateError`)."""
+
+
+def _checked_state(state: dict[str, Any], version: int) -> _State:
+    _fields(state, _STATE_FIELDS, _STATE_FIELDS, "the file")
+    _check_job(state["job"])
+    probe, done = state["probe_key"], state["done"]
+    if probe is not None and not isinstance(probe, str):
+        raise _StateFieldError(f"probe_key is {_shown(probe)}, not a string or null")
+    if not isinstance(done, bool):
+        raise _StateFieldError(f"done is {_shown(done)}, not true or false")
+    committed = _checked_position(state["committed"], "committed", version)
+    pending = state["pending"]
+    if pending is not None:
+        pending = _checked_position(pending, "pending", version)
+    return _State(committed, pending, probe, done)
+
+
+def _fields(
+    value: object, required: frozenset[str], known: frozenset[str], where: str
+) -> dict[str, Any]:
+    """``value`` as an object with every ``required`` field and no field not ``known``."""
+    if not isinstance(value, dict):
+        raise _StateFieldError(f"{where} is {_shown(value)}, not an object")
+    missing, unknown = sorted(required - value.keys()), sorted(value.keys() - known)
+    if missing:
+        raise _StateFieldError(f"{where} lacks {', '.join(missing)}")
+    if unknown:
+        raise _StateFieldError(f"{where} has unknown fields {', '.join(map(repr, unknown))}")
+    return value
+
+
+def _check_job(value: object) -> None:
+    names = frozenset(_JOB_FIELDS)
+    job = _fields(value, names, names, "job")
+    for name in _JOB_FIELDS:
+        if name != "threshold" and not isinstance(job[name], str):
+            raise _StateFieldError(f"job.{name} is {_shown(job[name])}, not a string")
+    threshold = job["threshold"]
+    if threshold is not None and (
+        type(threshold) is bool or not isinstance(threshold, int | float)
+    ):
+        raise _StateFieldError(f"job.threshold is {_shown(threshold)}, not a number or null")
+
+
+def _checked_position(value: object, where: str, version: int) -> _Position:
+    """A saved position as a :class:`_Position`; version 1 files may lack the newer fields."""
+    known = frozenset(_COUNTS) | {"failed"} | _NEWER_FIELDS
+    position = _fields(value, known - _NEWER_FIELDS if version == 1 else known, known, where)
+    for name in (*_COUNTS, "already_stored"):
+        if name in position and not _is_count(position[name]):
+            raise _StateFieldError(
+                f"{where}.{name} is {_shown(position[name])}, not a whole number of 0 or more"
+            )
+    tail = position.get("input_tail")
+    if tail is not None and not _is_digest(tail):
+        raise _StateFieldError(f"{where}.input_tail is {_shown(tail)}, not 16 hex digits or null")
+    failed = position["failed"]
+    if not isinstance(failed, list):
+        raise _StateFieldError(f"{where}.failed is {_shown(failed)}, not a list")
+    for number, fields in enumerate(failed):
+        _check_failure(fields, f"{where}.failed[{number}]")
+    return _Position(**position)
+
+
+def _check_failure(fields: object, where: str) -> None:
+    """A failure as :meth:`Failure.fields` writes it (version 1 files: source and reason
+    first, the later fields perhaps missing)."""
+    if not isinstance(fields, list) or not 2 <= len(fields) <= 6:
+        raise _StateFieldError(f"{where} is {_shown(fields)}, not a list of 2 to 6 fields")
+    source, reason, file, line, _key, error = [*fields, None, None, None, None][:6]
+    texts_ok = isinstance(source, str) and isinstance(reason, str)
+    optional_ok = all(v is None or isinstance(v, str) for v in (file, error))
+    if not (texts_ok and optional_ok and (line is None or _is_count(line))):
+        raise _StateFieldError(f"{where} is {_shown(fields)}, not a failure's fields")
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # a bool is no count
+
+
+def _is_digest(value: object) -> bool:
+    """An xxh64 hex digest, as :func:`_tail_digest` gives."""
+    return isinstance(value, str) and len(value) == 16 and set(value) <= set("0123456789abcdef")
+
+
+def _shown(value: object) -> str:
+    shown = json.dumps(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _resolve(store: Store, state: _State) -> _Position:
     """The position to resume from: a pending batch counts if the store committed it."""
-    committed = _Position(**state["committed"])
-    pending = state.get("pending")
-    if pending is None:
-        return committed
-    probe = state.get("probe_key")
-    if probe is None or probe in store:
-        return _Position(**pending)
-    return committed
+    if state.pending is None:
+        return state.committed
+    if state.probe_key is None or state.probe_key in store:
+        return state.pending
+    return state.committed
 
 
 def _truncate(path: Path, size: int, sidecar: Path) -> None:

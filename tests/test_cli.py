@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import io
 import json
@@ -462,6 +463,123 @@ def test_pairs_and_clusters_formats(runner: CliRunner, store_path: Path) -> None
     assert as_json.exit_code == 0 and _jsonl(as_json.output) == clusters
 
 
+# Keys that printed alike before: a bytes key printed as "hex:00ff", as the str key
+# "hex:00ff" did. Each is printed as the value here, and remove takes that back.
+_TRICKY_KEYS: dict[str | bytes, str] = {
+    b"\x00\xff": "hex:00ff",
+    "hex:00ff": "\\hex:00ff",
+    "\\hex:00ff": "\\\\hex:00ff",
+    "\\plain": "\\plain",
+    "plain": "plain",
+}
+_SHARED_TEXT = "a document that several different keys share, word for word, " * 3
+_FORMATS = ("jsonl", "csv", "table")
+
+
+@pytest.fixture
+def tricky_store(tmp_path: Path) -> Path:
+    """A store of the same text under each of :data:`_TRICKY_KEYS` (added by the library:
+    the CLI itself makes only str keys)."""
+    path = tmp_path / "tricky.ndx"
+    with Store.open(path, create=True, threshold=0.7) as store:
+        for key in _TRICKY_KEYS:
+            store.add(key, _SHARED_TEXT)
+    return path
+
+
+def _printed_keys(output: str, fmt: str) -> list[str]:
+    """The keys an output shows, as written: the cells of its key columns."""
+    columns = ("first", "second", "key")
+    if fmt == "jsonl":
+        records = _jsonl(output)
+        return [k for r in records for k in r.get("keys") or [r[c] for c in columns if c in r]]
+    rows = (
+        list(csv.reader(io.StringIO(output)))
+        if fmt == "csv"
+        else [line.split() for line in output.splitlines()]  # no key here has a space
+    )
+    wanted = [i for i, name in enumerate(rows[0]) if name in columns]
+    return [row[i] for row in rows[1:] for i in wanted]
+
+
+@pytest.mark.parametrize(
+    ("command", "fmt"),
+    [
+        *[pytest.param(["pairs", "--format", f], f, id=f"pairs-{f}") for f in _FORMATS],
+        *[pytest.param(["clusters", "--format", f], f, id=f"clusters-{f}") for f in _FORMATS],
+        pytest.param(["query", "--text", _SHARED_TEXT, "--json"], "jsonl", id="query-jsonl"),
+        pytest.param(["query", "--text", _SHARED_TEXT], "table", id="query-table"),
+    ],
+)
+def test_every_output_tells_a_bytes_key_from_a_str_key_that_reads_hex(
+    runner: CliRunner, tricky_store: Path, command: list[str], fmt: str
+) -> None:
+    """A bytes key printed as hex:<hex>, which a str key can also be: pairs listed two
+    documents as one key paired with itself (a review's finding). A str key that starts
+    with hex: (after any backslashes) now prints with one backslash more."""
+    result = _run(runner, command[0], tricky_store, *command[1:])
+    assert result.exit_code == 0, result.output
+    printed = _printed_keys(result.output, fmt)
+    keys = len(_TRICKY_KEYS)
+    assert len(printed) == (keys * (keys - 1) if command[0] == "pairs" else keys)
+    assert sorted(set(printed)) == sorted(_TRICKY_KEYS.values())
+
+
+def test_remove_takes_keys_as_the_output_prints_them(
+    runner: CliRunner, tricky_store: Path, tmp_path: Path
+) -> None:
+    """What pairs prints names one document each for remove, from the command line and
+    from --from-file; no command could name a bytes key before."""
+    printed = {k for r in _jsonl(_run(runner, "pairs", tricky_store).output) for k in
+               (r["first"], r["second"])}  # fmt: skip
+    assert printed == set(_TRICKY_KEYS.values())
+    by_text = {text: key for key, text in _TRICKY_KEYS.items()}
+    left = set(_TRICKY_KEYS)
+    for text in ["hex:00ff", "\\hex:00ff"]:
+        result = _run(runner, "remove", tricky_store, text, "--json")
+        assert _jsonl(result.output) == [{"removed": 1, "asked": 1}], result.output
+        left.discard(by_text[text])
+        with Store.open(tricky_store, read_only=True) as store:
+            assert set(store) == left
+    from_file = tmp_path / "keys.txt"
+    from_file.write_text("\\\\hex:00ff\n\\plain\n", encoding="utf-8")
+    result = _run(runner, "remove", tricky_store, "--from-file", from_file)
+    assert result.output == "Removed 2 of 2 documents.\n"
+    with Store.open(tricky_store, read_only=True) as store:
+        assert list(store) == ["plain"]
+
+
+@pytest.mark.parametrize("where", ["argument", "file"])
+@pytest.mark.parametrize("text", ["hex:0", "hex:zz", "hex:00 ff"])
+def test_remove_refuses_a_hex_key_that_is_not_whole_bytes(
+    runner: CliRunner, tricky_store: Path, tmp_path: Path, text: str, where: str
+) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"plain\n{text}\n", encoding="utf-8")
+    args = [text] if where == "argument" else ["--from-file", keys]
+    result = _run(runner, "remove", tricky_store, "plain", *args)
+    assert result.exit_code == 2
+    lead = "Error: " if where == "argument" else f"Error: {keys}:2: "
+    assert result.output.startswith(f"{lead}key={text!r} is not valid: expected hex: and two")
+    assert len(result.output.strip().splitlines()) == 1
+    with Store.open(tricky_store, read_only=True) as store:
+        assert len(store) == len(_TRICKY_KEYS)  # nothing removed
+
+
+def test_add_report_names_a_matched_bytes_key_as_the_output_prints_it(
+    runner: CliRunner, tricky_store: Path, tmp_path: Path
+) -> None:
+    """add --report printed a bytes key decoded with backslash escapes (b"plain" and
+    "plain" alike); it uses the same rendering as every other output now."""
+    archive = _archive(tmp_path / "a.jsonl", {"new": _SHARED_TEXT})
+    report = tmp_path / "skipped.jsonl"
+    result = _run(runner, "add", tricky_store, archive, "--jsonl", "--unique", "--report", report)
+    assert result.exit_code == 0, result.output
+    (skipped,) = _jsonl(report.read_text())
+    assert skipped["key"] == "new" and "hex:00ff" in skipped["matches"]
+    assert set(skipped["matches"]) <= set(_TRICKY_KEYS.values())
+
+
 def test_info_and_stats(runner: CliRunner, store_path: Path) -> None:
     info = _jsonl(_run(runner, "info", store_path, "--json").output)[0]
     assert info["documents"] == 5 and info["params"]["threshold"] == 0.7 and info["file_bytes"] > 0
@@ -834,6 +952,26 @@ def test_a_refused_dedup_creates_no_store(
     result = _run(runner, *args)
     assert result.exit_code == 2 and result.output.startswith("Error: ")
     assert not (tmp_path / "d.ndx").exists() and archive.read_bytes() == before
+
+
+def test_dedup_refuses_a_damaged_progress_file_with_exit_2(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str]
+) -> None:
+    """A progress file whose position lacks its offsets was taken as zeros: the finished
+    keep file was cut to 0 bytes and every line dropped as already stored, exit 0 (a
+    review's finding). Now one Error: line, exit 2, and the outputs as they were."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = _dedup_args(archive, tmp_path)
+    assert _run(runner, *args).exit_code == 0
+    sidecar = tmp_path / "k.jsonl.progress.json"
+    state = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**state, "done": False, "committed": {"line": 3}}))
+    outputs = {name: (tmp_path / name).read_bytes() for name in ["k.jsonl", "x.jsonl"]}
+    result = _run(runner, *args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: {sidecar}: unreadable progress file (committed ")
+    assert len(result.output.strip().splitlines()) == 1
+    assert outputs == {name: (tmp_path / name).read_bytes() for name in outputs}
 
 
 @pytest.mark.parametrize("command", ["add", "dedup", "query"])
@@ -1419,6 +1557,40 @@ def test_ctrl_c_during_the_page_walk_of_check_exits_130(store_path: Path) -> Non
     )
     assert process.stderr is not None
     assert process.stderr.readline() == "walking\n"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert out == "" and err.splitlines() == ["interrupted"]
+
+
+_HELD_WHILE_CLICK_PARSES = """
+import sys, time
+from neardup_store import cli
+
+def parse_args(ctx, args):
+    print("parsing", file=sys.stderr, flush=True)
+    time.sleep(60)  # Ctrl-C lands here, before the command's own handler
+
+cli.cli.parse_args = parse_args
+sys.argv = ["neardup-admin", "params", "--threshold", "0.8"]
+cli.main()
+"""
+
+
+def test_ctrl_c_while_click_parses_exits_130(tmp_path: Path) -> None:
+    """A real SIGINT after the modules are imported but before the command runs: Click
+    said "Aborted!" with exit 1, the code for findings; now the same "interrupted" line and
+    exit 130 as during a command. (A Ctrl-C while the package itself is still importing,
+    before cli.py runs, is out of this module's reach: see the entry point.)"""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _HELD_WHILE_CLICK_PARSES],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stderr is not None
+    assert process.stderr.readline() == "parsing\n"
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err

@@ -6,7 +6,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -581,3 +581,96 @@ def test_dedup_refuses_progress_of_another_job(store: Store, archive: Path) -> N
     _dedup(store, archive, out, batch_size=60)
     with pytest.raises(DedupStateError, match="differs in text_field"):
         _dedup(store, archive, out, text_field="body")
+
+
+def _in_committed(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda state: {"committed": {**state["committed"], **fields}}
+
+
+# Damage to a finished job's progress file (the version stays valid): each entry gives the
+# fields it replaces.
+_DAMAGES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "job is not an object": lambda state: {"job": None},
+    "job lacks a field": lambda state: {
+        "job": {k: v for k, v in state["job"].items() if k != "store"}
+    },
+    "job.threshold is a bool": lambda state: {"job": {**state["job"], "threshold": True}},
+    "version is a bool": lambda state: {"version": True},
+    "an unknown field": lambda state: {"extra": 1},
+    "done is not a bool": lambda state: {"done": "yes"},
+    "probe_key is a number": lambda state: {"probe_key": 7},
+    "committed is not an object": lambda state: {"committed": "garbled"},
+    "committed lacks its offsets": lambda state: {"done": False, "committed": {"line": 3}},
+    "committed has an unknown field": _in_committed(extra=1),
+    "keep_bytes is a string": _in_committed(keep_bytes="1721"),
+    "keep_bytes is a bool": _in_committed(keep_bytes=True),
+    "keep_bytes is negative": _in_committed(keep_bytes=-1),
+    "input_offset is a float": _in_committed(input_offset=10.0),
+    "input_tail is not a digest": _in_committed(input_tail=5),
+    "failed is not a list": _in_committed(failed={}),
+    "a failure is too short": _in_committed(failed=[["x"]]),
+    "a failure's line is text": _in_committed(failed=[["a", "b", None, "3"]]),
+    "pending lacks fields": lambda state: {"pending": {"kept": 1}, "probe_key": None},
+}
+
+
+@pytest.mark.parametrize("case", list(_DAMAGES))
+def test_dedup_refuses_a_damaged_progress_file_and_touches_nothing(
+    store: Store, archive: Path, case: str
+) -> None:
+    """Every field of the progress file is checked before it is acted on: a position with
+    its offsets missing was taken as zeros and cut the finished keep file to 0 bytes, and
+    fields of the wrong shape gave raw TypeError and AttributeError (a review's finding)."""
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=40)
+    sidecar = progress_path(out / "keep.jsonl")
+    state = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**state, **_DAMAGES[case](state)}))
+    before = {name: (out / name).read_bytes() for name in ["keep.jsonl", "dropped.jsonl"]}
+    documents = len(store)
+    with pytest.raises(DedupStateError, match="progress file") as caught:
+        _dedup(store, archive, out, batch_size=40)
+    assert caught.value.path == str(sidecar)
+    assert len(store) == documents
+    assert before == {name: (out / name).read_bytes() for name in before}
+
+
+def test_dedup_resumes_from_a_version_1_progress_file(
+    tmp_path: Path, archive: Path, archive_lines: list[str]
+) -> None:
+    """Version 1 files, from before already_stored and input_tail, with failures of two
+    fields, still resume: the checks refuse damage, not an older layout."""
+    archive.write_text("\n".join([*archive_lines[:30], "{not json", *archive_lines[30:]]) + "\n")
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
+        expected = _dedup(fresh, archive, reference, batch_size=16)
+    out = tmp_path / "out"
+    out.mkdir()
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        with pytest.raises(Interrupted):
+            _dedup(store, archive, out, batch_size=16, on_batch=_stop_at(3))
+        sidecar = progress_path(out / "keep.jsonl")
+        state = json.loads(sidecar.read_text())
+        old = {
+            k: v for k, v in state["committed"].items() if k not in ("already_stored", "input_tail")
+        }
+        old["failed"] = [fields[:2] for fields in old["failed"]]
+        assert old["failed"]  # the bad line is in the first three batches
+        sidecar.write_text(json.dumps({**state, "version": 1, "committed": old}))
+        report = _dedup(store, archive, out, batch_size=16)
+    assert (report.kept, report.dropped, report.failed) == (
+        expected.kept,
+        expected.dropped,
+        expected.failed,
+    )
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+
+
+def _stop_at(batches: int) -> Any:
+    def stop(progress: BatchProgress) -> None:
+        if progress.batches_committed == batches:
+            raise KeyboardInterrupt
+
+    return stop
