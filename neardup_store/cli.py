@@ -1113,7 +1113,7 @@ def remove(
     """
     if not keys and from_file is None:
         raise click.UsageError("give keys as arguments or with --from-file")
-    wanted = [render.key_from_text(key) for key in keys]
+    wanted = [ingest.key_from_text(key) for key in keys]
     if from_file is not None:  # an empty file is no mistake: nothing is stale today
         wanted += _key_lines(from_file)
     with open_store(path, readonly=False) as store:
@@ -1126,7 +1126,7 @@ def remove(
 
 def _key_lines(stream: IO[bytes]) -> list[str | bytes]:
     """The keys of a file, one a line (blank lines skipped), each checked to be UTF-8 and
-    read as :func:`.cli_render.key_from_text` reads a key."""
+    read as :func:`.ingest.key_from_text` reads a key."""
     name = _stream_name(stream)
     keys: list[str | bytes] = []
     for number, raw in enumerate(stream, 1):
@@ -1145,7 +1145,7 @@ def _key_lines(stream: IO[bytes]) -> list[str | bytes]:
 def _key_at(text: str, where: str) -> str | bytes:
     """The key a line of a key file names; a malformed one is refused with its place."""
     try:
-        return render.key_from_text(text)
+        return ingest.key_from_text(text)
     except InvalidParameterError as err:
         raise InputError(f"{where}: {err}") from None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,8 +16,7 @@ import click
 import numpy as np
 
 from .demo import DemoResult
-from .errors import InvalidParameterError
-from .ingest import Failure, json_text
+from .ingest import Failure, json_text, key_text
 from .lsh import LSHParams
 from .maintenance import (
     BackupReport,
@@ -28,50 +26,6 @@ from .maintenance import (
     StoreStats,
     bucket_size_range,
 )
-
-HEX_PREFIX = "hex:"
-"""How a bytes key starts when the CLI prints it (see :func:`key_text`)."""
-_HEX_DIGITS = re.compile(r"(?:[0-9a-fA-F]{2})*")
-
-
-def key_text(key: str | bytes) -> str:
-    """A key as text that names it and no other, in every output format.
-
-    Bytes keys (possible from the library, never from this CLI) are shown as ``hex:`` and
-    their bytes in lowercase hex, so that JSON stays valid and nothing is silently
-    re-encoded. A str key that could be read as one (``hex:`` after any backslashes) gets
-    one backslash more in front, so the two never print alike: ``b"\\x00\\xff"`` prints
-    as ``hex:00ff`` and ``"hex:00ff"`` as ``\\hex:00ff``. Every other str key prints as it
-    is. :func:`key_from_text` reads any of them back.
-    """
-    if not isinstance(key, str):
-        return HEX_PREFIX + bytes(key).hex()
-    return "\\" + key if _looks_like_bytes(key) else key
-
-
-def key_from_text(text: str) -> str | bytes:
-    """The key that :func:`key_text` prints as ``text``: what ``remove`` takes.
-
-    Raises:
-        InvalidParameterError: ``text`` starts with ``hex:`` but no whole bytes follow.
-    """
-    if text.startswith("\\") and _looks_like_bytes(text):
-        return text[1:]
-    if not text.startswith(HEX_PREFIX):
-        return text
-    digits = text[len(HEX_PREFIX) :]
-    if not _HEX_DIGITS.fullmatch(digits):
-        raise InvalidParameterError(
-            "key",
-            text,
-            "hex: and two hex digits a byte for a bytes key (a str key that starts with "
-            "hex: is written with a backslash in front, \\hex:...)",
-        )
-    return bytes.fromhex(digits)
-
-
-def _looks_like_bytes(text: str) -> bool:
-    return text.lstrip("\\").startswith(HEX_PREFIX)
 
 
 def json_line(record: dict[str, Any]) -> None:

@@ -383,6 +383,18 @@ def test_dedup_keeps_first_of_each_planted_group(store: Store, archive: Path) ->
     assert _dedup(store, archive, out, batch_size=25).kept == report.kept
 
 
+def test_dedup_names_a_stored_bytes_key_as_the_cli_prints_it(store: Store, tmp_path: Path) -> None:
+    """A line matching a document stored through the API under a bytes key crashed the
+    run in json.dumps (a review's note); it is named as every output names a bytes key."""
+    text = "a document stored through the Python API under a bytes key " * 4
+    store.add(b"\x00\xff", text)
+    archive = tmp_path / "in.jsonl"
+    archive.write_text(json.dumps({"id": "copy", "text": text}) + "\n", encoding="utf-8")
+    report = _dedup(store, archive, tmp_path)
+    (row,) = [json.loads(line) for line in (tmp_path / "dropped.jsonl").read_text().splitlines()]
+    assert report.dropped == 1 and row["duplicate_of"] == "hex:00ff" and row["id"] == "copy"
+
+
 def test_dedup_resumes_to_the_same_outputs(
     tmp_path: Path, archive: Path, archive_lines: list[str]
 ) -> None:
