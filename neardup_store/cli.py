@@ -1453,7 +1453,7 @@ def spark_dedup(
 
 
 @cli.command(name="spark-load")
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("out")  # a directory or a URI (file:, hdfs:, ...): load_output checks it
 @click.argument("path", type=click.Path(file_okay=False))
 @_master_option
 @_conf_option
@@ -1467,7 +1467,8 @@ def spark_load(
     batch_size: int | Literal["auto"],
     as_json: bool,
 ) -> None:
-    """Bulk-load a spark-dedup output's signatures into a new store at PATH.
+    """Bulk-load a spark-dedup output's signatures (OUT: a directory, or the URI given
+    to spark-dedup --out) into a new store at PATH.
 
     Partitions stream to this process one at a time and are written in batches (LMDB
     has one writer); the store is built beside PATH and moved there once it is

@@ -5,9 +5,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from . import codec
 from .errors import InvalidParameterError
 from .lsh import LSHParams, band_keys, candidate_pairs
 from .params import valid_threshold
+
+STORE_KEY_BITS = 8 * codec.band_layout(codec.FORMAT_VERSION).band_key_bytes
+"""The leading band-key bits by which a store of the current format names a bucket."""
 
 
 def connected_components(count: int, pairs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -43,12 +47,14 @@ def connected_components(count: int, pairs: npt.NDArray[np.int64]) -> npt.NDArra
 def verified_pairs(
     signatures: npt.NDArray[np.uint32], params: LSHParams, threshold: float, seed: int = 1
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Candidate pairs from banding whose estimated Jaccard is at least ``threshold``.
+    """Candidate pairs from banding whose estimated Jaccard is at least ``threshold``:
+    the pairs a store of these signatures lists (buckets are named by the band-key bits
+    its format keeps, :data:`STORE_KEY_BITS`).
 
     Returns the pairs ``(m, 2)`` and their estimated similarities.
     """
     valid_threshold(threshold)
-    pairs = candidate_pairs(band_keys(signatures, params, seed))
+    pairs = candidate_pairs(band_keys(signatures, params, seed), key_bits=STORE_KEY_BITS)
     scores = (signatures[pairs[:, 0]] == signatures[pairs[:, 1]]).mean(axis=1)
     keep = scores >= threshold
     return pairs[keep], scores[keep]

@@ -333,17 +333,28 @@ def _band_starts(seed: int, bands: int) -> npt.NDArray[np.uint64]:
     return starts
 
 
-def candidate_pairs(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+def candidate_pairs(keys: npt.NDArray[np.uint64], key_bits: int = 64) -> npt.NDArray[np.int64]:
     """Every pair ``(i, j)``, ``i < j``, of rows of ``keys`` that share a key in some band.
 
     Returns a ``(m, 2)`` array of unique pairs. All pairs within a bucket are produced,
     so this is meant for in-memory batches; the store verifies candidates per query.
+
+    Args:
+        keys: ``(documents, bands)`` band keys, as :func:`band_keys` returns them.
+        key_bits: compare only each key's first (highest) ``key_bits`` bits. A store
+            names a bucket by the bits its format keeps (40 for formats 4 and 5:
+            ``8 * codec.band_layout(version).band_key_bytes``), so keys that differ only
+            after them are candidates there; pass that width to get the store's pairs.
     """
     keys = np.asarray(keys)
     if keys.ndim != 2:
         raise InvalidParameterError(
             "keys", f"shape {keys.shape}", "(documents, bands), as band_keys returns"
         )
+    if isinstance(key_bits, bool) or not isinstance(key_bits, int) or not 1 <= key_bits <= 64:
+        raise InvalidParameterError("key_bits", key_bits, "an integer from 1 to 64")
+    if key_bits < 64:
+        keys = keys.astype(np.uint64) >> np.uint64(64 - key_bits)
     n = len(keys)
     found: list[npt.NDArray[np.int64]] = []
     for band in range(keys.shape[1]):

