@@ -89,6 +89,15 @@ def check_flags(**flags: object) -> None:
             raise InvalidParameterError(name, flag, "True or False")
 
 
+def after_commit(error: BaseException) -> None:
+    """Mark ``error`` as raised once a write block's transaction had committed (a Ctrl-C
+    that came during the commit, an automatic purge that failed after it): its changes
+    are stored, though the block raised."""
+    if not getattr(error, "transaction_committed", False):
+        error.transaction_committed = True  # type: ignore[attr-defined]
+        error.add_note("the write block had committed: its changes are stored")
+
+
 def check_progress(progress: object) -> None:
     """Raise :class:`InvalidParameterError` unless ``progress`` is ``None`` or callable:
     it is first called after a batch has committed, too late to refuse it cleanly."""

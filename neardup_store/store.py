@@ -66,6 +66,7 @@ from .errors import (
     StoreIOError,
     StoreNotFoundError,
     TooManyReadersError,
+    after_commit,
     check_flags,
     check_progress,
     integer,
@@ -853,7 +854,11 @@ class Store:
 
         After a commit that removed documents, :meth:`purge` runs when the removals
         awaiting one have passed :data:`PURGE_FRACTION` of the documents (and
-        :data:`MIN_TRANSACTION`).
+        :data:`MIN_TRANSACTION`); if it cannot (a full disk), the removals stay awaiting
+        one, which the next removal's purge or :meth:`compact` does, and the block's
+        caller is not told of a failure that is not its own. A Ctrl-C raised once the
+        block has committed (during the commit, or that purge) carries
+        ``transaction_committed = True`` and a note saying so.
         """
         self._check_writable()
         state = self._thread_state
@@ -886,7 +891,13 @@ class Store:
             finally:
                 state.writing = False
         if purge_due:
-            self.purge()
+            try:
+                self.purge()
+            except NeardupError:
+                pass  # the block is stored; its removals await the next purge (see above)
+            except BaseException as error:  # a Ctrl-C: the block is stored, say so
+                after_commit(error)
+                raise
 
     @contextmanager
     def _typed_engine_errors(self) -> Iterator[None]:
@@ -1189,19 +1200,21 @@ class Store:
         its prepared form in memory rather than its texts.
         """
         next_size = self._batch_sizes(batch_size)
-        total = done = 0
-        for batch in batches(items, next_size):
-            with _placed(done, committed=done):
-                parts = [batch]
-                if prepare is not None:
-                    parts = []
-                    for lo in range(0, len(batch), MIN_TRANSACTION):
-                        with _placed(lo):
-                            parts.append(prepare(batch[lo : lo + MIN_TRANSACTION]))
-                with self.write() as txn:
-                    for part in parts:
-                        total += add(txn, part)
-            done += len(batch)
+        total, committed = 0, _Committed()
+        with committed.stamped():
+            for batch in batches(items, next_size):
+                with _placed(committed.earlier):
+                    parts = [batch]
+                    if prepare is not None:
+                        parts = []
+                        for lo in range(0, len(batch), MIN_TRANSACTION):
+                            with _placed(lo):
+                                parts.append(prepare(batch[lo : lo + MIN_TRANSACTION]))
+                    with self.write() as txn:
+                        committed.begin(txn, len(batch))
+                        for part in parts:
+                            total += add(txn, part)
+                committed.end()
         return total
 
     def remove(self, key: Key, *, missing_ok: bool = False) -> bool:
@@ -1650,24 +1663,61 @@ def check_batch_size(
 
 
 @contextmanager
-def _placed(start: int, committed: int | None = None) -> Iterator[None]:
+def _placed(start: int) -> Iterator[None]:
     """Around a batch that begins at item ``start`` of its call: an error about one of its
-    documents counts ``index`` from the call's first item, and (given ``committed``, the
-    items that earlier batches committed) the error, or a Ctrl-C, carries it as
-    ``committed``."""
+    documents counts ``index`` from the call's first item."""
     try:
         yield
-    except (NeardupError, KeyboardInterrupt) as error:
-        if isinstance(error, DocumentError) and error.index is not None:
+    except DocumentError as error:
+        if error.index is not None:
             error.index += start
-        if committed is not None:
-            error.committed = committed  # type: ignore[attr-defined]
+        raise
+
+
+class _Committed:
+    """How many items of a batched call are stored, for the ``committed`` of its error: the
+    earlier batches', and the current one's once its commit has returned. A Ctrl-C can
+    come at any point, during the commit's own C call too (Python raises it after the
+    call returns), so the transaction is asked, not the control flow; the state is one
+    tuple, replaced whole, so that it is never seen half updated."""
+
+    def __init__(self) -> None:
+        self._state: tuple[int, WriteTxn | None, int] = (0, None, 0)
+
+    @property
+    def earlier(self) -> int:
+        """Items of the batches committed before the current one."""
+        return self._state[0]
+
+    def begin(self, writer: WriteTxn, size: int) -> None:
+        """The current batch, of ``size`` items, is written by ``writer``."""
+        self._state = (self._state[0], writer, size)
+
+    def end(self) -> None:
+        """The current batch is committed."""
+        earlier, _, size = self._state
+        self._state = (earlier + size, None, 0)
+
+    @property
+    def count(self) -> int:
+        earlier, writer, size = self._state
+        return earlier + (size if writer is not None and writer._commit_returned() else 0)
+
+    @contextmanager
+    def stamped(self) -> Iterator[None]:
+        """An error, or a Ctrl-C, leaving the block carries :attr:`count` as ``committed``
+        (and a note saying where to resume, unless nothing was committed)."""
+        try:
+            yield
+        except (NeardupError, KeyboardInterrupt) as error:
+            committed = self.count
+            error.committed = committed  # type: ignore[union-attr]
             if committed:
                 error.add_note(
                     f"earlier batches committed the first {committed} items; "
                     f"resume from item #{committed}"
                 )
-        raise
+            raise
 
 
 def batches(items: Iterable[Any], next_size: Callable[[], int | None]) -> Iterator[list[Any]]:

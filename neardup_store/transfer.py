@@ -38,7 +38,15 @@ from .errors import (
 from .lsh import LSHParams
 from .minhash import MinHashConfig
 from .params import valid_threshold
-from .store import STORE_FILES, Store, _placed, batches, check_batch_size, holds_store
+from .store import (
+    STORE_FILES,
+    Store,
+    _Committed,
+    _placed,
+    batches,
+    check_batch_size,
+    holds_store,
+)
 
 if TYPE_CHECKING:
     from .txn import Key
@@ -285,20 +293,19 @@ def _import_records(
     replace: bool,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    total = done = 0
+    total, committed = 0, _Committed()
     # Each batch is read (and validated) whole before its transaction begins. An error,
     # the stream's or a document's, carries how many records earlier batches committed.
     records = batches(reader.records(store.config.num_perm), next_size)
-    while True:
-        with _placed(done, committed=done):
-            batch = next(records, None)
-            if batch is None:
-                return total
-            with store.write() as txn:
+    with committed.stamped():
+        for batch in records:
+            with _placed(committed.earlier), store.write() as txn:
+                committed.begin(txn, len(batch))
                 total += txn.add_signatures(batch, replace=replace)
-        done += len(batch)
-        if progress is not None:
-            progress(total)
+            committed.end()
+            if progress is not None:
+                progress(total)
+    return total
 
 
 def import_(

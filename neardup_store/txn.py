@@ -38,6 +38,7 @@ from .errors import (
     StoreClosedError,
     TransactionAbortedError,
     TransactionConflictError,
+    after_commit,
     check_flags,
     integer,
 )
@@ -738,6 +739,7 @@ class WriteTxn(ReadTxn):
         self._replaying = False
         self._wrote = False  # since the LMDB transaction began
         self._unlinked = False  # whether it removed documents (a purge may be due after it)
+        self._committing: lmdb.Transaction | None = None  # the LMDB commit begun, if any
         self._operating = 0  # logged operations running (their raw writes are replayed)
         self._raw = False  # the raw transaction was handed out outside them
 
@@ -909,7 +911,12 @@ class WriteTxn(ReadTxn):
         txn, self._txn = self._txn, None
         if txn is not None and not self._store._forked():  # never a parent's, forked
             if commit:
-                txn.commit()  # LMDB ends the transaction even when the commit fails
+                self._committing = txn
+                try:
+                    txn.commit()  # LMDB ends the transaction even when the commit fails
+                except lmdb.Error:
+                    self._committing = None  # ended, not committed (a replay may follow)
+                    raise
             else:
                 txn.abort()
 
@@ -948,10 +955,26 @@ class WriteTxn(ReadTxn):
                 # The txn is still open if a put failed (a failed commit already ended it;
                 # aborting it again is harmless): the redo must abort it before growing.
                 self._redo_after_growth()
-            except BaseException:
+            except BaseException as error:
                 # Anything else (a full disk at commit, say): never leave the write lock held.
                 self._close_txn(commit=False)
+                if self._commit_returned():
+                    if isinstance(error, KeyboardInterrupt):
+                        after_commit(error)  # signalled during the commit, raised after it
+                elif self._committing is not None:  # interrupted before the commit began
+                    self._committing.abort()
                 raise
+
+    def _commit_returned(self) -> bool:
+        """Whether the LMDB commit begun by :meth:`_close_txn` returned: the transaction
+        is ended (a commit that failed raised its own error, not a Ctrl-C)."""
+        if self._committing is None:
+            return False
+        try:
+            self._committing.id()
+        except lmdb.Error:
+            return True
+        return False
 
     def _allocate_id(self) -> bytes:
         return codec.encode_id(int(self._allocate_ids(1)[0]))

@@ -382,6 +382,48 @@ def test_a_purge_at_the_file_size_limit_is_typed_and_the_same_purge_commits_late
         assert store.check().ok
 
 
+_REMOVE_AT_LIMIT = """
+import resource, signal, sys
+from neardup_store.store import Store
+with Store.open(sys.argv[1]) as store:
+    if int(sys.argv[2]):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+    try:
+        removed = store.remove_many([f"d{i}" for i in range(0, 30_000, 2)])
+        print("removed", removed, len(store), store.stats().awaiting_purge)
+    except Exception as err:
+        print("raised", type(err).__name__, err)
+"""
+
+
+def test_an_automatic_purge_at_the_file_size_limit_leaves_the_committed_removal_said(
+    store_path: Path,
+) -> None:
+    """A removal large enough to start a purge, with room for its own commit and none for
+    the purge's: remove_many raised StoreFullError saying nothing was written, though
+    the removal had committed (a retry met KeyNotFoundError; a review's finding). The
+    removal is reported done, and its documents stay awaiting the next purge."""
+    rng = np.random.default_rng(5)
+    with Store.open(store_path, create=True, num_perm=16, durable=False) as store:
+        sigs = rng.integers(0, 2**32, size=(30_000, 16), dtype=np.uint32)
+        store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+    probe = store_path.with_name("probe")
+    shutil.copytree(store_path, probe)
+    run = [sys.executable, "-c", _REMOVE_AT_LIMIT]
+    env = {**os.environ, "NEARDUP_FAULT": "after-commit:1"}  # the removal's own commit
+    subprocess.run([*run, str(probe), "0"], env=env, capture_output=True, timeout=300)
+    limit = (probe / "data.mdb").stat().st_size  # what the removal needs, the purge more
+    done = subprocess.run(
+        [*run, str(store_path), str(limit)], capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.split() == ["removed", "15000", "15000", "15000"], done
+    with Store.open(store_path) as store:
+        assert len(store) == 15_000 and store.stats().awaiting_purge == 15_000
+        assert store.check().ok
+        assert store.purge() == 15_000 and store.check().ok
+
+
 def test_an_io_error_without_a_full_disk_is_typed_as_an_io_error(store_path: Path) -> None:
     # LMDB says EIO both for a short write (a full disk) and for a failing device; the
     # store tells them apart by the room left. Here there is room: a device error.

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import string
 import subprocess
 import sys
@@ -1940,6 +1941,41 @@ def test_forked_child_cannot_use_the_parents_write_transaction(store: Store) -> 
 
 
 # -- durability --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attempt", range(2))
+def test_a_ctrl_c_during_a_commit_counts_the_batch_it_committed(
+    store_path: Path, attempt: int
+) -> None:
+    """A Ctrl-C that comes while LMDB commits (a C call: Python raises it once the commit
+    has returned) was reported as the batch not committed: ``committed`` fell a batch
+    short of what was stored, and a resume there met DuplicateKeyError (a review's
+    finding). Here the Ctrl-C is sent the moment the data file grows, which it does only
+    while a commit writes; wherever it lands, ``committed`` must be what is stored."""
+    rng = np.random.default_rng(attempt)
+    sigs = rng.integers(0, 2**32, size=(60_000, 64), dtype=np.uint32)
+    with Store.open(store_path, create=True, num_perm=64) as store:
+        data = store_path / "data.mdb"
+        start = data.stat().st_size
+
+        def interrupt_when_the_file_grows() -> None:
+            deadline = time.monotonic() + 60
+            while data.stat().st_size == start and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        def load() -> None:
+            store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(sigs)], batch_size=20_000)
+            time.sleep(5)  # all committed before the signal: it lands here
+
+        watcher = threading.Thread(target=interrupt_when_the_file_grows)
+        watcher.start()
+        try:
+            with pytest.raises(KeyboardInterrupt) as stopped:
+                load()
+        finally:
+            watcher.join()
+        assert getattr(stopped.value, "committed", len(store)) == len(store)
 
 
 def test_non_durable_store_commits_and_syncs(store_path: Path) -> None:
