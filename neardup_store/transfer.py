@@ -12,6 +12,7 @@ a silent early end.
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import shutil
@@ -93,7 +94,8 @@ def export_file(
 ) -> int:
     """:func:`export` into a file, which appears whole or not at all: the stream goes to a
     temporary file beside ``path``, synced and renamed over it once complete, and is deleted
-    if the export fails or is interrupted. A path that is no regular file (a named pipe,
+    if the export fails or is interrupted (one left by a killed export to ``path`` is
+    deleted by the next). A path that is no regular file (a named pipe,
     ``/dev/stdout``, a shell's ``>(...)``) is written as it is: a reader there sees the
     end marker or knows the stream was cut short.
 
@@ -110,6 +112,8 @@ def export_file(
         raise InvalidParameterError("path", str(target), "a file, not a directory")
     streamed = target.exists() and not target.is_file()  # a pipe or a device: as it is
     written = target if streamed else target.with_name(f".{target.name}.partial-{os.getpid()}")
+    if not streamed:
+        _delete_killed_partials(target)
     try:
         with written.open("wb") as out:
             count = export(store, out, progress)
@@ -125,6 +129,22 @@ def export_file(
             raise OutputWriteError(str(target), err.strerror or str(err)) from err
         raise
     return count
+
+
+def _delete_killed_partials(target: Path) -> None:
+    """Delete the temporary files of exports to ``target`` whose process is gone (killed:
+    one that ends deletes its own); a live process's, or a name not of that form, stay."""
+    prefix = f".{target.name}.partial-"
+    for partial in target.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = partial.name[len(prefix) :]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def _check_binary(stream: object, mode: str) -> None:

@@ -1200,6 +1200,33 @@ def test_export_file_appears_whole_or_not_at_all(store: Store, tmp_path: Path) -
         store.export_file(out.parent)
 
 
+_KILLED_EXPORT = """
+import os, signal, sys
+from neardup_store import Store
+with Store.open(sys.argv[1], read_only=True) as store:
+    store.export_file(sys.argv[2], progress=lambda done: os.kill(os.getpid(), signal.SIGKILL))
+"""
+
+
+def test_an_export_killed_part_way_leaves_a_file_the_next_export_deletes(
+    store: Store, tmp_path: Path
+) -> None:
+    """A killed export's temporary file stayed for good beside the target (a review's
+    finding): the next export to that target deletes it. A live export's stays."""
+    out = tmp_path / "exports" / "corpus.export"
+    out.parent.mkdir()
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(store.path), str(out)], timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = out.parent.iterdir()
+    assert left.name.startswith(".corpus.export.partial-") and not out.exists()
+    live = out.with_name(f".corpus.export.partial-{os.getppid()}")  # pytest's parent: alive
+    live.write_bytes(b"")
+    assert store.export_file(out) == len(store)
+    assert sorted(p.name for p in out.parent.iterdir()) == [live.name, "corpus.export"]
+
+
 def test_an_export_cut_short_between_records_is_refused_and_version_1_still_imports(
     store: Store, tmp_path: Path
 ) -> None:
