@@ -1548,15 +1548,21 @@ def test_ctrl_c_during_the_page_walk_of_check_exits_130(store_path: Path) -> Non
     as a large store's walk does for seconds): the unmapping raised BufferError over the
     KeyboardInterrupt, a traceback and exit 1, the code for violations found (a review's
     finding)."""
+    _assert_interrupted_once_it_says(_CHECK_HELD_IN_THE_WALK, "walking", str(store_path))
+
+
+def _assert_interrupted_once_it_says(script: str, ready: str, *args: str) -> None:
+    """Run ``script`` in a real process, send it a real SIGINT once it writes ``ready`` to
+    stderr, and check it ends as a Ctrl-C should: 'interrupted' alone, exit 130."""
     process = subprocess.Popen(
-        [sys.executable, "-c", _CHECK_HELD_IN_THE_WALK, str(store_path)],
+        [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stderr is not None
-    assert process.stderr.readline() == "walking\n"
+    assert process.stderr.readline() == f"{ready}\n"
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
@@ -1582,19 +1588,7 @@ def test_ctrl_c_while_click_parses_exits_130(tmp_path: Path) -> None:
     said "Aborted!" with exit 1, the code for findings; now the same "interrupted" line and
     exit 130 as during a command. (A Ctrl-C while the package itself is still importing,
     before cli.py runs, is out of this module's reach: see the entry point.)"""
-    process = subprocess.Popen(
-        [sys.executable, "-c", _HELD_WHILE_CLICK_PARSES],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    assert process.stderr is not None
-    assert process.stderr.readline() == "parsing\n"
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 130, err
-    assert out == "" and err.splitlines() == ["interrupted"]
+    _assert_interrupted_once_it_says(_HELD_WHILE_CLICK_PARSES, "parsing")
 
 
 def test_remove_from_a_key_file_with_a_byte_order_mark(runner: CliRunner, tmp_path: Path) -> None:

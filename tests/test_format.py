@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import io
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,26 @@ RECORD_2 = bytes.fromhex(
 def reseal(body: bytes) -> bytes:
     """A record body with a valid checksum appended (to test checks past the checksum)."""
     return body + xxhash.xxh64_intdigest(body).to_bytes(8, "little")
+
+
+def rewrite_sealed_meta(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to the sealed ``meta`` entries of the closed store at ``path``
+    (decoded, by name) and seal them again: a store another release could have written."""
+    env = lmdb.open(str(path), max_dbs=64)
+    try:
+        meta_db = env.open_db(codec.META_DB, create=False)
+        with env.begin(write=True) as txn:
+            sealed = {
+                name: codec.unpack_meta(txn.get(name.encode(), db=meta_db))
+                for name in codec.SEALED_META
+            }
+            change(sealed)
+            for name, value in sealed.items():
+                txn.put(name.encode(), codec.pack_meta(value), db=meta_db)
+            raw = {name: bytes(txn.get(name.encode(), db=meta_db)) for name in codec.SEALED_META}
+            txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
+    finally:
+        env.close()
 
 
 # -- constants ---------------------------------------------------------------------------------
@@ -805,21 +826,15 @@ def test_a_banding_that_contradicts_its_format_is_a_corrupt_store(
 ) -> None:
     path = tmp_path / "store"
     Store.open(path, create=True).close()
-    env = lmdb.open(str(path), max_dbs=64)
-    try:
-        meta_db = env.open_db(codec.META_DB, create=False)
-        with env.begin(write=True) as txn:
-            banding = codec.unpack_meta(txn.get(b"banding", db=meta_db))
-            for name, value in banding_change.items():
-                if value is None:
-                    del banding[name]
-                else:
-                    banding[name] = value
-            txn.put(b"banding", codec.pack_meta(banding), db=meta_db)
-            txn.put(b"format_version", codec.pack_meta(version), db=meta_db)
-            raw = {name: bytes(txn.get(name.encode(), db=meta_db)) for name in codec.SEALED_META}
-            txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
-    finally:
-        env.close()
+
+    def change(sealed: dict[str, Any]) -> None:
+        for name, value in banding_change.items():
+            if value is None:
+                del sealed["banding"][name]
+            else:
+                sealed["banding"][name] = value
+        sealed["format_version"] = version
+
+    rewrite_sealed_meta(path, change)
     with pytest.raises(CorruptStoreError, match=problem):
         Store.open(path)

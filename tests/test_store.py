@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from test_band_cache import cached_and_direct
+from test_format import rewrite_sealed_meta
 
 from neardup_store import codec
 from neardup_store import store as store_module
@@ -295,17 +296,9 @@ def test_a_store_of_another_signature_hashing_is_refused_as_another_release_s(
     """It opened as a corrupt store, with the advice to restore it from a backup (a
     review's finding); the parameters are sealed, so this is another release's store."""
     Store.open(store_path, create=True).close()
-    env = lmdb.open(str(store_path), max_dbs=4)
-    try:
-        meta_db = env.open_db(codec.META_DB, create=False)
-        with env.begin(write=True) as txn:
-            config = codec.unpack_meta(txn.get(b"config", db=meta_db))
-            config["shingles"]["hash_version"] = 2
-            txn.put(b"config", codec.pack_meta(config), db=meta_db)
-            raw = {name: bytes(txn.get(name.encode(), db=meta_db)) for name in codec.SEALED_META}
-            txn.put(b"meta_checksum", codec.pack_meta(codec.meta_checksum(raw)), db=meta_db)
-    finally:
-        env.close()
+    rewrite_sealed_meta(
+        store_path, lambda sealed: sealed["config"]["shingles"].update(hash_version=2)
+    )
     with pytest.raises(FormatVersionError, match=r"signature hashing v2.*cannot be compared"):
         Store.open(store_path, read_only=True)
 
