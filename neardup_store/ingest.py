@@ -854,6 +854,7 @@ def check_dedup_paths(
         InvalidParameterError: the input is not a regular file (a resume seeks in it), an
             output's directory does not exist, or an output would destroy a file the job
             needs (:func:`_refuse_clashing_paths`).
+        DedupStateError: the progress file beside the keep file is damaged.
     """
     paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]
     if not paths[0].is_file():
@@ -867,6 +868,10 @@ def check_dedup_paths(
             raise InvalidParameterError(name, str(path), "a file in an existing directory")
     sidecar = progress_path(keep_path).resolve()
     _refuse_clashing_paths(paths, sidecar, Path(store_path).resolve())
+    # A damaged progress file, or one of a job on other files, is refused before a store
+    # is made (the rest of the job is compared once the store is open).
+    where = {"input": paths[0], "keep": paths[1], "dropped": paths[2], "store": store_path}
+    _load_state(sidecar, {name: str(Path(path).resolve()) for name, path in where.items()})
     return paths
 
 
@@ -997,7 +1002,7 @@ def _dedup_batch(
             raw, obj = parsed[id(doc.record)]
             if result is None:  # the key is stored: not new, so dropped (add skips it)
                 score = estimate_jaccard(doc.signature, txn.get(key).signature)
-                out = {**obj, "duplicate_of": key, "score": round(float(score), 6)}
+                out = {**obj, "duplicate_of": key_text(key), "score": round(float(score), 6)}
                 dropped_out.append(json_text(out).encode() + b"\n")
                 new.dropped += 1
                 new.already_stored += 1
@@ -1077,15 +1082,31 @@ def _save_state(
 
 
 def _load_state(sidecar: Path, job: dict[str, Any]) -> _State | None:
-    """The progress file of ``job``, every field checked before anything acts on it: a
-    damaged position would cut the finished outputs back to what it says."""
+    """The progress file of ``job`` (:func:`_read_state`), refused if it records another
+    (``job`` may name some of the fields only)."""
+    read = _read_state(sidecar)
+    if read is None:
+        return None
+    recorded, saved = read
+    differs = sorted(name for name, value in job.items() if recorded[name] != value)
+    if differs:
+        raise DedupStateError(
+            str(sidecar), f"it records a different job (differs in {', '.join(differs)})"
+        )
+    return saved
+
+
+def _read_state(sidecar: Path) -> tuple[dict[str, Any], _State] | None:
+    """The job and the state a progress file records (``None`` if there is none), every
+    field checked before anything acts on it: a damaged position would cut the finished
+    outputs back to what it says."""
     if not sidecar.exists():
         return None
     try:
         state = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:  # ValueError: not JSON, so rerunning cannot help
-        damaged = isinstance(err, ValueError)
-        reason = f"unreadable progress file ({err})"
+    except (OSError, ValueError, RecursionError) as err:  # not JSON: rerunning cannot help
+        damaged = not isinstance(err, OSError)
+        reason = f"unreadable progress file ({type(err).__name__}: {err})"
         raise DedupStateError(str(sidecar), reason, damaged=damaged) from None
     version = state.get("version") if isinstance(state, dict) else None
     if type(version) is not int or version not in _READABLE_STATES:
@@ -1095,12 +1116,7 @@ def _load_state(sidecar: Path, job: dict[str, Any]) -> _State | None:
     except _StateFieldError as err:
         reason = f"unreadable progress file ({err})"
         raise DedupStateError(str(sidecar), reason, damaged=True) from None
-    if state["job"] != job:
-        differs = sorted(k for k in job if state["job"][k] != job[k])
-        raise DedupStateError(
-            str(sidecar), f"it records a different job (differs in {', '.join(differs)})"
-        )
-    return saved
+    return state["job"], saved
 
 
 @dataclass(frozen=True)

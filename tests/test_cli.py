@@ -932,7 +932,13 @@ def test_dedup_keeps_first_of_each_group_and_resumes(
 
 
 @pytest.mark.parametrize(
-    "mistake", ["--threshold 0", "keep in a missing directory", "keep is the input"]
+    "mistake",
+    [
+        "--threshold 0",
+        "keep in a missing directory",
+        "keep is the input",
+        "the progress file is another store's job",
+    ],
 )
 def test_a_refused_dedup_creates_no_store(
     runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], mistake: str
@@ -946,8 +952,12 @@ def test_a_refused_dedup_creates_no_store(
         args[args.index("--threshold") + 1] = 0
     elif mistake == "keep in a missing directory":
         args[args.index("--keep") + 1] = tmp_path / "missing" / "k.jsonl"
-    else:
+    elif mistake == "keep is the input":
         args[args.index("--keep") + 1] = archive
+    else:  # the same outputs, first for another store: its progress file refuses this run
+        other = list(args)
+        other[other.index("--store") + 1] = tmp_path / "other.ndx"
+        assert _run(runner, *other).exit_code == 0
     before = archive.read_bytes()
     result = _run(runner, *args)
     assert result.exit_code == 2 and result.output.startswith("Error: ")

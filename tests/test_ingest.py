@@ -393,6 +393,19 @@ def test_dedup_names_a_stored_bytes_key_as_the_cli_prints_it(store: Store, tmp_p
     report = _dedup(store, archive, tmp_path)
     (row,) = [json.loads(line) for line in (tmp_path / "dropped.jsonl").read_text().splitlines()]
     assert report.dropped == 1 and row["duplicate_of"] == "hex:00ff" and row["id"] == "copy"
+    # A line whose str key is stored names it as the output does: 'hex:00ff' as a str key
+    # is '\\hex:00ff' (written as it was, it read back as the bytes key above).
+    store.add("hex:00ff", "another document, stored under a str key that reads as hex " * 4)
+    line = {
+        "id": "hex:00ff",
+        "text": "another document, stored under a str key that reads as hex " * 4,
+    }
+    again = tmp_path / "again"
+    again.mkdir()
+    archive.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    _dedup(store, archive, again)
+    (row,) = [json.loads(line) for line in (again / "dropped.jsonl").read_text().splitlines()]
+    assert row["duplicate_of"] == "\\hex:00ff"
 
 
 def test_dedup_resumes_to_the_same_outputs(
@@ -645,6 +658,19 @@ def test_dedup_refuses_a_damaged_progress_file_and_touches_nothing(
     assert caught.value.path == str(sidecar)
     assert len(store) == documents
     assert before == {name: (out / name).read_bytes() for name in before}
+
+
+def test_dedup_refuses_a_progress_file_nested_too_deep_to_parse(
+    store: Store, archive: Path
+) -> None:
+    """JSON nested past Python's recursion limit raised a raw RecursionError (a review of
+    the check's fix)."""
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=40)
+    sidecar = progress_path(out / "keep.jsonl")
+    sidecar.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DedupStateError, match=r"unreadable progress file .RecursionError"):
+        _dedup(store, archive, out, batch_size=40)
 
 
 def test_dedup_resumes_from_a_version_1_progress_file(

@@ -659,7 +659,8 @@ def test_inputs_are_read_whole_and_by_their_exact_names(spark: Any, tmp_path: Pa
     """A directory given as a URI lost its subdirectories (and its '_' files without a
     word); 'part?.jsonl' was a glob that read 'parta.jsonl' again (a false repeated id),
     'part[1].jsonl' was not found; '._COPYING_' files and names with ':' were left out
-    or failed the job with a Java traceback (a review's findings)."""
+    or failed the job with a Java traceback; a '.gz' file was decompressed, where add
+    reads its bytes (reviews' findings)."""
     from neardup_store.spark.pipeline import _hadoop_files, _uri_path, list_inputs
 
     corpus = tmp_path / "corpus"
@@ -678,7 +679,7 @@ def test_inputs_are_read_whole_and_by_their_exact_names(spark: Any, tmp_path: Pa
     assert list_inputs(None, [corpus.as_uri()]) == [listed]
     # Another file system's URI is listed through Hadoop, subdirectories included.
     assert [_uri_path(f) for f in _hadoop_files(spark, corpus.as_uri())] == listed
-    for name in ("b.jsonl._COPYING_", "_b.jsonl", "2024/.c.jsonl", "t12:00:00.jsonl"):
+    for name in ("b.jsonl._COPYING_", "_b.jsonl", "2024/.c.jsonl", "t12:00:00.jsonl", "d.jsonl.gz"):
         _write_jsonl(corpus / name, "x")
         with pytest.raises(InvalidParameterError, match="inputs=") as caught:
             nds.run_dedup(spark, [corpus.as_uri()], tmp_path / "again", _store_params())
@@ -771,6 +772,7 @@ def test_files_spark_runs_are_made_in_a_private_directory(
     home.parent.chmod(0o777)
     elsewhere = runtime.private_dir()
     assert elsewhere != home.parent and _is_private(elsewhere)
+    assert runtime.private_dir() == elsewhere  # one for the process: each was a new one
     shutil.rmtree(home.parent)
     (shared / "target").mkdir(mode=0o700)
     home.parent.symlink_to(shared / "target")

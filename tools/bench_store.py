@@ -149,7 +149,10 @@ def perturbed(stored: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def near_queries(sigs: np.ndarray, count: int, seed: int) -> np.ndarray:
     """Half stored signatures :func:`perturbed`, half fresh random ones."""
     rng = np.random.default_rng(seed)
-    picked = perturbed(sigs[rng.choice(len(sigs), count // 2, replace=False)], rng)
+    # A small --large run has fewer stored documents than near-duplicate queries: then
+    # some are asked twice (each perturbed anew).
+    half = count // 2
+    picked = perturbed(sigs[rng.choice(len(sigs), half, replace=half > len(sigs))], rng)
     fresh = rng.integers(0, 2**32, size=(count - len(picked), sigs.shape[1]), dtype=np.uint32)
     out = np.concatenate([picked, fresh])
     rng.shuffle(out)

@@ -298,8 +298,9 @@ def list_inputs(spark: Any, paths: list[str]) -> list[list[str]]:
     Raises:
         InvalidParameterError: an input does not exist; or a file's name is one Spark's
             file sources skip without a word, even named one by one (starting with
-            ``_`` or ``.``, ending in ``._COPYING_``), or holds a ``:``, which Hadoop
-            cannot read in a file name.
+            ``_`` or ``.``, ending in ``._COPYING_``), one Spark would decompress by
+            its name (``.gz``, ...: the local tools read its bytes), or holds a ``:``,
+            which Hadoop cannot read in a file name.
     """
     from ..ingest import walk_directory
 
@@ -361,6 +362,11 @@ def _spark_skips(name: str) -> bool:
     return name[:1] in ("_", ".") or name.endswith("._COPYING_")
 
 
+_HADOOP_CODEC_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
+"""The name suffixes of Hadoop's compression codecs, by which its text reader decompresses
+a file: read so, the input would not be the bytes the local tools read."""
+
+
 def _refuse_unreadable(files: list[str]) -> None:
     skipped = [f for f in files if _spark_skips(_name(f))]
     if skipped:
@@ -369,6 +375,14 @@ def _refuse_unreadable(files: list[str]) -> None:
             skipped[:3],
             "no files whose names start with '_' or '.' or end in '._COPYING_' (Spark "
             f"skips them; {len(skipped)} found): rename them, or run add or dedup on them",
+        )
+    compressed = [f for f in files if _name(f).endswith(_HADOOP_CODEC_SUFFIXES)]
+    if compressed:
+        raise InvalidParameterError(
+            "inputs",
+            compressed[:3],
+            "no files named as compressed (Spark decompresses a file by its name, where "
+            f"add and dedup read its bytes; {len(compressed)} found): decompress them first",
         )
     colons = [f for f in files if ":" in _uri_path(f)]
     if colons:

@@ -25,6 +25,8 @@ predictable name in the shared temporary directory would otherwise be run as thi
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import os
 import re
@@ -236,10 +238,17 @@ def private_dir() -> Path:
     except FileExistsError:
         pass
     except OSError:
-        return Path(tempfile.mkdtemp(prefix="neardup_store-"))
-    if _is_private(shared):
-        return shared
-    return Path(tempfile.mkdtemp(prefix="neardup_store-"))
+        return _fallback_dir()
+    return shared if _is_private(shared) else _fallback_dir()
+
+
+@functools.cache
+def _fallback_dir() -> Path:
+    """A private directory of this process's, removed when it exits: one, however often
+    :func:`private_dir` falls back to it (each fallback made a new one, left for good)."""
+    made = Path(tempfile.mkdtemp(prefix="neardup_store-"))
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+    return made
 
 
 def _is_private(directory: Path) -> bool:
