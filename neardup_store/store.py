@@ -1461,15 +1461,22 @@ class _Reading:
 
 def _check_row_types(rows: Sequence[object]) -> None:
     """Refuse a row that is not integers by its own type: stacked, numpy casts the rows to
-    one type, and a row of bools (or floats) among integer rows passed as their values."""
-    dtypes = {getattr(row, "dtype", None) for row in rows}  # one pass; arrays, as a rule
-    if all(dtype is not None and dtype.kind in "ui" for dtype in dtypes):
-        return
+    one type, and a row of bools (or floats) among integer rows passed as their values.
+    An array row is judged by its dtype; a row of Python numbers by its first value (a
+    conversion of each row to read its type made lists of ints a third slower)."""
     for row in rows:
-        try:
-            dtype = row.dtype if isinstance(row, np.ndarray) else np.asarray(row).dtype
-        except (ValueError, TypeError):
-            continue  # a ragged row: stacking reports it
+        if isinstance(row, np.ndarray):
+            dtype = row.dtype
+        elif isinstance(row, list | tuple) and row:
+            first = row[0]
+            if type(first) is int or isinstance(first, np.integer):
+                continue  # the usual row of Python numbers, told without numpy
+            try:
+                dtype = np.asarray([first]).dtype
+            except (ValueError, TypeError):
+                continue  # stacking reports it
+        else:
+            continue  # stacking reports what is neither
         if dtype.kind not in "ui":
             raise InvalidParameterError(
                 "signatures", f"a signature of {dtype} values", "integers in every signature"

@@ -12,6 +12,8 @@ a silent early end.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import io
 import os
@@ -116,6 +118,8 @@ def export_file(
         _delete_killed_partials(target)
     try:
         with written.open("wb") as out:
+            if not streamed:  # held while it is written (:func:`_delete_killed_partials`)
+                fcntl.flock(out.fileno(), fcntl.LOCK_EX)
             count = export(store, out, progress)
             if not streamed:
                 out.flush()
@@ -132,8 +136,10 @@ def export_file(
 
 
 def _delete_killed_partials(target: Path) -> None:
-    """Delete the temporary files of exports to ``target`` whose process is gone (killed:
-    one that ends deletes its own); a live process's, or a name not of that form, stay."""
+    """Delete the temporary files of exports to ``target`` that were killed (one that ends
+    deletes its own). An export holds a lock on its file while it writes: a file whose
+    process is alive here, or whose lock is held (an export in another PID namespace, a
+    container or another host sharing the directory), stays."""
     prefix = f".{target.name}.partial-"
     for partial in target.parent.glob(f"{glob.escape(prefix)}*"):
         pid = partial.name[len(prefix) :]
@@ -141,10 +147,14 @@ def _delete_killed_partials(target: Path) -> None:
             continue
         try:
             os.kill(int(pid), 0)
+            continue  # alive here (or another user's process)
         except ProcessLookupError:
-            partial.unlink(missing_ok=True)
+            pass
         except OSError:
-            pass  # alive, another user's
+            continue
+        with contextlib.suppress(OSError), partial.open("rb") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # else: in use
+            partial.unlink()
 
 
 def _check_binary(stream: object, mode: str) -> None:

@@ -791,18 +791,18 @@ class WriteTxn(ReadTxn):
             return
         # It ends at the last document stored when it began: a document the loop adds or
         # replaces gets a new id, and yielded again, a loop replacing each never ended.
-        until = self._last_doc_id()
-        read, placed, last = _KeysRead(None, until), -1, None
-        for raw_id, key in self._key_rows(until=until):
+        bound = _KeysBound(self._last_doc_id())
+        read, placed, last = _KeysRead(None, bound), -1, None
+        for raw_id, key in self._key_rows(until=bound.until):
             if placed != len(self._log):
-                read = _KeysRead(last, until)
+                read = _KeysRead(last, bound)
                 self._log.append((self._keys_read_again, (read,), {}, "the same"))
                 placed = len(self._log)
             read.add(key)
             last = raw_id
             yield key
         if placed != len(self._log):  # also where it ended, if none was read
-            read = _KeysRead(last, until)
+            read = _KeysRead(last, bound)
             self._log.append((self._keys_read_again, (read,), {}, "the same"))
         read.ended = True
 
@@ -816,10 +816,11 @@ class WriteTxn(ReadTxn):
     def _keys_read_again(self, read: _KeysRead) -> str:
         """Whether the keys ``read`` holds still follow its ``after`` in this snapshot
         (and, if the iterator ended, are the last ones): ``"the same"`` or what differs."""
-        if read.after is None and self._last_doc_id() != read.until:  # where it began
-            return "another last document where the iterator began"
-        again = _KeysRead(read.after, read.until)
-        rows = self._key_rows(read.after, read.until)
+        bound = read.bound
+        if read.after is None:  # where the iterator began, in the replay
+            bound.again = self._last_doc_id()
+        again = _KeysRead(read.after, bound)
+        rows = self._key_rows(read.after, bound.until)
         for _, key in itertools.islice(rows, read.count):
             again.add(key)
         if again.count != read.count:
@@ -828,6 +829,8 @@ class WriteTxn(ReadTxn):
             return f"other keys among the {read.count} the block read"
         if read.ended and next(rows, None) is not None:
             return f"more keys than the {read.count} the block read to the end"
+        if read.ended and bound.again != bound.until:  # it would have gone on, or stopped short
+            return "another last document where the iterator, read to the end, began"
         return "the same"
 
     def _query_exact(
@@ -907,18 +910,29 @@ class WriteTxn(ReadTxn):
         raise conflict from cause
 
     def _close_txn(self, commit: bool) -> None:
+        """Commit or abort the LMDB transaction. Until it has ended it stays reachable from
+        ``_txn`` or ``_committing``, whichever line a Ctrl-C interrupts, so that the
+        error path can abort it (left to the collector, it held the write lock)."""
         self._close_cursors()
-        txn, self._txn = self._txn, None
-        if txn is not None and not self._store._forked():  # never a parent's, forked
-            if commit:
-                self._committing = txn
-                try:
-                    txn.commit()  # LMDB ends the transaction even when the commit fails
-                except lmdb.Error:
-                    self._committing = None  # ended, not committed (a replay may follow)
-                    raise
-            else:
-                txn.abort()
+        txn = self._txn
+        if txn is None:
+            return
+        if self._store._forked():  # never a parent's, forked
+            self._txn = None
+            return
+        if commit:
+            self._committing = txn
+            self._txn = None
+            try:
+                txn.commit()  # LMDB ends the transaction even when the commit fails
+            except lmdb.Error:
+                self._committing = None  # ended, not committed (a replay may follow)
+                raise
+        else:
+            if self._committing is txn:
+                self._committing = None  # aborted here: not a commit that returned
+            txn.abort()
+            self._txn = None
 
     def _writing(self) -> _Poisoner:
         self._wrote = True
@@ -963,6 +977,7 @@ class WriteTxn(ReadTxn):
                         after_commit(error)  # signalled during the commit, raised after it
                 elif self._committing is not None:  # interrupted before the commit began
                     self._committing.abort()
+                    self._committing = None
                 raise
 
     def _commit_returned(self) -> bool:
@@ -1516,14 +1531,26 @@ class _Refusal(NamedTuple):
         return cls(type(err).__name__, str(err))
 
 
+class _KeysBound:
+    """Where a write block's key iterator ends: ``until``, the last document id when it
+    began, and ``again``, the same in a replay (a difference matters only to an iterator
+    read to the end: one that stopped earlier read rows before both)."""
+
+    __slots__ = ("again", "until")
+
+    def __init__(self, until: bytes) -> None:
+        self.until: bytes = until
+        self.again: bytes | None = None
+
+
 class _KeysRead:
-    """Keys a key iterator has yielded, from the first id past ``after`` up to ``until``:
+    """Keys a key iterator has yielded, from the first id past ``after`` up to its bound:
     their count and a digest of them."""
 
-    __slots__ = ("after", "count", "digest", "ended", "until")
+    __slots__ = ("after", "bound", "count", "digest", "ended")
 
-    def __init__(self, after: bytes | None, until: bytes | None) -> None:
-        self.after, self.until = after, until
+    def __init__(self, after: bytes | None, bound: _KeysBound) -> None:
+        self.after, self.bound = after, bound
         self.count = 0
         self.digest = xxhash.xxh64()
         self.ended = False

@@ -1200,6 +1200,13 @@ def test_export_file_appears_whole_or_not_at_all(store: Store, tmp_path: Path) -
         store.export_file(out.parent)
 
 
+_HOLD_LOCK = """
+import fcntl, sys, time
+with open(sys.argv[1], "wb") as held:
+    fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(60)
+"""
 _KILLED_EXPORT = """
 import os, signal, sys
 from neardup_store import Store
@@ -1223,8 +1230,23 @@ def test_an_export_killed_part_way_leaves_a_file_the_next_export_deletes(
     assert left.name.startswith(".corpus.export.partial-") and not out.exists()
     live = out.with_name(f".corpus.export.partial-{os.getppid()}")  # pytest's parent: alive
     live.write_bytes(b"")
-    assert store.export_file(out) == len(store)
-    assert sorted(p.name for p in out.parent.iterdir()) == [live.name, "corpus.export"]
+    # An export whose process this one cannot see (another PID namespace, another host on
+    # a shared directory) holds the lock on its file: it was deleted under it (a review's
+    # finding on the fix).
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    unseen = out.with_name(f".corpus.export.partial-{gone.stdout.strip()}")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(unseen)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    try:
+        assert store.export_file(out) == len(store)
+        names = sorted(p.name for p in out.parent.iterdir())
+        assert names == sorted([live.name, unseen.name, "corpus.export"])
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_an_export_cut_short_between_records_is_refused_and_version_1_still_imports(

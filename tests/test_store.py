@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -1971,6 +1972,47 @@ def test_a_ctrl_c_during_a_commit_counts_the_batch_it_committed(
         assert getattr(stopped.value, "committed", len(store)) == len(store)
 
 
+@pytest.mark.parametrize("at", range(26))  # the 24 calls of a batch's end, and past them
+def test_a_ctrl_c_at_any_call_of_a_commit_frees_the_writer_and_counts_true(
+    store_path: Path, at: int
+) -> None:
+    """A Ctrl-C raised at each Python call made while a batch ends (before, around and
+    after LMDB's commit; placed by a trace hook where a SIGINT arriving then is raised):
+    ``committed`` is what is stored, and the write lock is free at once. One landing
+    between the writer letting go of its LMDB transaction and the commit left that
+    transaction open and the lock held while the error lived (a review's finding)."""
+    rng = np.random.default_rng(at)
+    items = [(f"k{i}", rng.integers(0, 2**32, 64, dtype=np.uint32)) for i in range(300)]
+    calls = 0
+
+    def hook(frame: Any, event: str, arg: object) -> None:
+        nonlocal calls
+        ending = frame.f_back
+        while ending is not None and ending.f_code.co_name != "_end":
+            ending = ending.f_back
+        if event == "call" and ending is not None:
+            calls += 1
+            if calls == at + 1:
+                raise KeyboardInterrupt
+
+    with Store.open(store_path, create=True, num_perm=64) as store:
+        stopped: KeyboardInterrupt | None = None
+        sys.settrace(hook)
+        try:
+            store.add_signatures(items, batch_size=100)
+        except KeyboardInterrupt as error:
+            stopped = error
+        finally:
+            sys.settrace(None)
+        assert stopped is not None or calls <= at  # raised, unless fewer calls came
+        if stopped is not None:
+            assert getattr(stopped, "committed", None) == len(store), calls
+            start = time.perf_counter()
+            store.add_signatures(items[len(store) :], batch_size=100)  # the lock is free
+            assert time.perf_counter() - start < 5
+        assert list(store) == [key for key, _ in items] and store.check().ok
+
+
 def test_non_durable_store_commits_and_syncs(store_path: Path) -> None:
     texts = random_texts(3)
     with Store.open(store_path, create=True, durable=False) as store:
@@ -2085,18 +2127,20 @@ class _ContestedReplay(NamedTuple):
 
 @contextlib.contextmanager
 def _replay_meeting_another_commit(
-    path: Path, monkeypatch: pytest.MonkeyPatch, theirs: tuple[str, ...] = ()
+    path: Path, monkeypatch: pytest.MonkeyPatch, theirs: tuple[str, ...] = (), stored: int = 0
 ) -> Iterator[_ContestedReplay]:
     """A write block of this process, and another process (HOLD_WRITE) that adds
     "contested" (or runs the statement ``theirs``, after this process has added
     "contested" and removed it) once told to: after the block's first operations,
     :func:`_replay` lets it commit between the block's abort and its replay, and replays.
+    ``stored`` documents (``s0``, ``s1``, ...) are committed before it all.
 
     LMDB's write lock is not fair: left alone, this process often takes it back before
     the woken one runs. So the growth step, which runs after the abort, waits until the
     other process says it has committed; the replay then meets its write.
     """
     with Store.open(path, create=True) as store:
+        store.add_many((f"s{i}", f"stored document number {i} " * 5) for i in range(stored))
         if theirs:
             store.add("contested", _OURS)
             store.remove("contested")
@@ -2115,7 +2159,7 @@ def _replay_meeting_another_commit(
         assert store.check().ok
         if theirs:
             return
-        assert list(store) == ["contested"]
+        assert list(store) == [*(f"s{i}" for i in range(stored)), "contested"]
         assert store.get("contested").signature.tolist() == (
             store.hasher.signature(_THEIRS).tolist()
         )
@@ -2207,6 +2251,22 @@ def test_a_replay_checks_again_a_refusal_and_every_other_read(
         with pytest.raises(TransactionConflictError) as conflict:
             _replay(contested)
         assert contested.writing.__exit__(type(conflict.value), conflict.value, None) is False
+
+
+def test_a_replay_goes_on_past_a_key_iterator_read_in_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An iterator that read its first keys only, then another process's add (a new last
+    document) met in a replay: the keys read are the same, so the block goes on. The
+    check of where an iterator ends conflicted here, and the block was lost (a review of
+    a fix's finding); it matters only to an iterator read to the end."""
+    stored = 3
+    with _replay_meeting_another_commit(
+        tmp_path / "store", monkeypatch, stored=stored
+    ) as contested:
+        assert list(itertools.islice(contested.txn.keys(), 2)) == ["s0", "s1"]
+        _replay(contested)  # no TransactionConflictError
+        assert contested.writing.__exit__(None, None, None) is False  # committed
 
 
 def test_a_replay_meeting_the_same_refusal_goes_on(tmp_path: Path) -> None:
