@@ -968,7 +968,11 @@ class WriteTxn(ReadTxn):
             except lmdb.MapFullError:
                 # The txn is still open if a put failed (a failed commit already ended it;
                 # aborting it again is harmless): the redo must abort it before growing.
-                self._redo_after_growth()
+                try:
+                    self._redo_after_growth()
+                except BaseException:  # a refused replay, a Ctrl-C in it: free the lock
+                    self._close_txn(commit=False)
+                    raise
             except BaseException as error:
                 # Anything else (a full disk at commit, say): never leave the write lock held.
                 self._close_txn(commit=False)

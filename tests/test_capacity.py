@@ -424,6 +424,66 @@ def test_an_automatic_purge_at_the_file_size_limit_leaves_the_committed_removal_
         assert store.purge() == 15_000 and store.check().ok
 
 
+def _interrupt_the_replay_of_a_growth_at_commit(path: Path, adds: int) -> bool:
+    """A block whose commit needs a map growth, with a Ctrl-C raised (by a trace hook, where
+    a SIGINT arriving then is raised) at the first operation its replay redoes. Whether it
+    came there (the commit did need the growth)."""
+    shutil.rmtree(path, ignore_errors=True)
+    options = {"num_perm": 16, "bands": 4, "rows": 4, "map_size": SMALLEST_MAP}
+    with Store.open(path, create=True, **options) as store:  # type: ignore[arg-type]
+        with store.write() as txn:
+            Batch("base", 0, adds=40, meta_bytes=100).write(txn)
+        batch = Batch("new", adds, adds=adds, meta_bytes=100, removes=tuple(store))
+        redo: Any = None
+        fired = False
+
+        def hook(frame: Any, event: str, arg: object) -> None:
+            nonlocal redo, fired
+            caller, name = frame.f_back, frame.f_code.co_name
+            if event != "call" or fired or caller is None:
+                return
+            if name == "_redo_after_growth" and caller.f_code.co_name == "_end":
+                redo = frame
+            elif caller is redo and name not in ("_close_txn", "_grow_and_begin_write"):
+                fired = True
+                raise KeyboardInterrupt
+
+        sys.settrace(hook)
+        try:
+            with store.write() as txn:
+                batch.write(txn)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if fired:  # the write lock is free: this process writes, and so does another
+            store.add_signatures([("same-process", list(range(1, 17)))])
+        return fired
+
+
+def test_a_ctrl_c_in_the_replay_of_a_growth_at_commit_frees_the_write_lock(
+    store_path: Path,
+) -> None:
+    """The replay a full map starts at commit was outside the end's cleanup: a Ctrl-C in
+    it left the new LMDB transaction open, and the write lock held while the error lived
+    (this process's next write raised a raw lmdb.Error; a review's finding)."""
+    assert any(_interrupt_the_replay_of_a_growth_at_commit(store_path, n) for n in range(1, 40))
+    other = subprocess.run(
+        [sys.executable, "-c", _ADD_ONE, str(store_path)], capture_output=True, timeout=60
+    )
+    assert other.returncode == 0, other.stderr
+    with Store.open(store_path) as store:
+        assert "same-process" in store and "other" in store and store.check().ok
+
+
+_ADD_ONE = """
+import sys
+from neardup_store.store import Store
+with Store.open(sys.argv[1]) as store:
+    store.add_signatures([("other", list(range(16)))])
+"""
+
+
 def test_an_io_error_without_a_full_disk_is_typed_as_an_io_error(store_path: Path) -> None:
     # LMDB says EIO both for a short write (a full disk) and for a failing device; the
     # store tells them apart by the room left. Here there is room: a device error.
