@@ -367,31 +367,35 @@ _HADOOP_CODEC_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 a file: read so, the input would not be the bytes the local tools read."""
 
 
+_UNREADABLE: tuple[tuple[str, str], ...] = (
+    ("skipped", "whose names start with '_' or '.' or end in '._COPYING_' (Spark skips them"),
+    ("compressed", "named as compressed (Spark decompresses a file by its name, where add and "
+     "dedup read its bytes"),
+    ("colon", "with a ':' in their path (Hadoop cannot read them"),
+)  # fmt: skip
+"""What :func:`_unreadable` names, and why such files cannot be read as the local tools do."""
+
+
+def _unreadable(path: str) -> str | None:
+    """Why Spark would not read the file at ``path`` as the local tools do, if it would not."""
+    name = _name(path)
+    if _spark_skips(name):
+        return "skipped"
+    if name.endswith(_HADOOP_CODEC_SUFFIXES):
+        return "compressed"
+    return "colon" if ":" in _uri_path(path) else None
+
+
 def _refuse_unreadable(files: list[str]) -> None:
-    skipped = [f for f in files if _spark_skips(_name(f))]
-    if skipped:
-        raise InvalidParameterError(
-            "inputs",
-            skipped[:3],
-            "no files whose names start with '_' or '.' or end in '._COPYING_' (Spark "
-            f"skips them; {len(skipped)} found): rename them, or run add or dedup on them",
-        )
-    compressed = [f for f in files if _name(f).endswith(_HADOOP_CODEC_SUFFIXES)]
-    if compressed:
-        raise InvalidParameterError(
-            "inputs",
-            compressed[:3],
-            "no files named as compressed (Spark decompresses a file by its name, where "
-            f"add and dedup read its bytes; {len(compressed)} found): decompress them first",
-        )
-    colons = [f for f in files if ":" in _uri_path(f)]
-    if colons:
-        raise InvalidParameterError(
-            "inputs",
-            colons[:3],
-            f"no paths with a ':' (Hadoop cannot read them; {len(colons)} found): rename"
-            " them, or run add or dedup on them",
-        )
+    for kind, why in _UNREADABLE:
+        found = [f for f in files if _unreadable(f) == kind]
+        if found:
+            raise InvalidParameterError(
+                "inputs",
+                found[:3],
+                f"no files {why}; {len(found)} found): rename or decompress them, or run add "
+                "or dedup on them",
+            )
 
 
 def _hadoop_bookkeeping(name: str) -> bool:
