@@ -299,6 +299,15 @@ def _dedup(store: Store, archive: Path, out: Path, **options: Any) -> Any:
     return dedup(store, archive, out / "keep.jsonl", out / "dropped.jsonl", **options)
 
 
+def _reference_run(tmp_path: Path, archive: Path, **options: Any) -> tuple[Any, Path]:
+    """An uninterrupted dedup of ``archive`` into a fresh store: its report, and the
+    directory of its outputs, which an interrupted and resumed run must equal."""
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
+        return _dedup(fresh, archive, reference, **options), reference
+
+
 @pytest.mark.parametrize(
     "clash",
     [
@@ -415,10 +424,7 @@ def test_dedup_resumes_to_the_same_outputs(
     archive.write_text(
         "\n".join([*archive_lines[:30], "", "{not json", *archive_lines[30:]]) + "\n"
     )
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
-        expected = _dedup(fresh, archive, reference, batch_size=16)
+    expected, reference = _reference_run(tmp_path, archive, batch_size=16)
 
     resumed = tmp_path / "resumed"
     resumed.mkdir()
@@ -452,10 +458,7 @@ def test_dedup_interrupted_around_the_commit_resumes_exactly(
 ) -> None:
     """Ctrl-C after the sidecar marks batch 2 pending: before the store commits it
     (``committed=False``) or after (``True``). The probe key decides; outputs match."""
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
-        _dedup(fresh, archive, reference, batch_size=40)
+    _, reference = _reference_run(tmp_path, archive, batch_size=40)
 
     real_save = ingest_module._save_state
     calls: list[bool] = []
@@ -516,10 +519,7 @@ def test_dedup_rerun_reads_lines_appended_to_a_finished_input(
     old, new = [*archive_lines[:40], "", ""], ["{not json", *archive_lines[40:]]
     whole = tmp_path / "whole.jsonl"
     whole.write_text("\n".join(old + new) + "\n")
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
-        expected = _dedup(fresh, whole, reference, batch_size=16)
+    expected, reference = _reference_run(tmp_path, whole, batch_size=16)
     assert [f.line for f in expected.failed] == [43]
 
     archive.write_text("\n".join(old) + "\n")
@@ -575,10 +575,7 @@ def test_dedup_leaves_a_last_line_cut_short_for_the_next_run(
     text = "\n".join(final) + "\n"
     whole = tmp_path / "whole.jsonl"
     whole.write_text(text)
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
-        expected = _dedup(fresh, whole, reference, batch_size=16)
+    expected, reference = _reference_run(tmp_path, whole, batch_size=16)
     assert [f.line for f in expected.failed] == [43]
 
     cut = text.index(archive_lines[41]) + 20  # inside line 45, the second record after
@@ -679,10 +676,7 @@ def test_dedup_resumes_from_a_version_1_progress_file(
     """Version 1 files, from before already_stored and input_tail, with failures of two
     fields, still resume: the checks refuse damage, not an older layout."""
     archive.write_text("\n".join([*archive_lines[:30], "{not json", *archive_lines[30:]]) + "\n")
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    with Store.open(tmp_path / "s1", create=True, threshold=0.7) as fresh:
-        expected = _dedup(fresh, archive, reference, batch_size=16)
+    expected, reference = _reference_run(tmp_path, archive, batch_size=16)
     out = tmp_path / "out"
     out.mkdir()
     with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:

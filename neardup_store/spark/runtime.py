@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,20 +254,22 @@ def _fallback_dir() -> Path:
 
 def _is_private(directory: Path) -> bool:
     """A real directory (not a link), owned by this user, that no one else can write or enter."""
-    try:
-        info = directory.lstat()
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+    return _owned(directory, stat.S_ISDIR, 0o077)
 
 
 def _is_own_file(path: Path) -> bool:
     """A regular file (not a link) of this user's that no one else can write."""
+    return _owned(path, stat.S_ISREG, 0o022)
+
+
+def _owned(path: Path, is_kind: Callable[[int], bool], others: int) -> bool:
+    """Whether ``path`` itself (not a link's target) is of the kind, this user's, and has
+    none of the permission bits ``others``."""
     try:
         info = path.lstat()
     except OSError:
         return False
-    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
+    return is_kind(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & others
 
 
 def _package_zip() -> str:
