@@ -15,6 +15,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ from . import ingest
 from ._version import __version__
 from .demo import run_demo
 from .errors import (
+    READ_ONLY_NOT_FOUND_ADVICE,
     EmptyDocumentError,
     InvalidParameterError,
     NeardupError,
@@ -39,7 +41,7 @@ from .errors import (
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
-from .params import StoreParams, resolve_params, valid_threshold
+from .params import StoreParams, resolve_params
 from .store import UNFINISHED_CREATION, Store, holds_store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding, decode_text
 from .txn import Match
@@ -74,12 +76,7 @@ class _Group(click.Group):
             raise InputError(_cli_wording(_with_notes(err))) from err
         except KeyboardInterrupt as err:  # add and dedup report their own
             raise _interrupted_exit(err) from err
-        except click.FileError as err:
-            # A file argument that cannot be opened (an output in a missing directory, an
-            # unreadable input) is an input error: Click's own exit code for it is 1.
-            err.exit_code = InputError.exit_code
-            raise
-        except OSError as err:
+        except OSError as err:  # a file that cannot be opened (see _File) or written
             if err.filename is None:
                 raise  # not about a path the user named: a real failure, with its traceback
             if err.errno == errno.EPIPE and err.filename == _STDOUT:
@@ -161,6 +158,7 @@ def _with_notes(err: BaseException, lead: str = "") -> str:
 # Library messages name Python arguments; on the command line the same advice is a flag.
 _CLI_WORDING = {
     "pass create=True": "run `neardup-admin init`",
+    READ_ONLY_NOT_FOUND_ADVICE: "run `neardup-admin init` to make one",  # (a reading command)
     "with create=True": "with `neardup-admin init`",
     "pass replace=True": "pass --replace",
     "pass missing_ok=True": "pass --missing-ok",
@@ -173,6 +171,23 @@ def _cli_wording(message: str) -> str:
     for library, command_line in _CLI_WORDING.items():
         message = message.replace(library, command_line)
     return message
+
+
+_RESUME_AT_ITEM = re.compile(r"resume from item #\d+")
+"""The library's advice after earlier batches committed, which needs an API call."""
+
+
+@contextlib.contextmanager
+def _resume_advice(advice: str) -> Iterator[None]:
+    """Word the library's "resume from item #N" note (on any exception leaving the block)
+    as ``advice``: no command can start part-way through its input."""
+    try:
+        yield
+    except BaseException as err:
+        notes = getattr(err, "__notes__", None)
+        if isinstance(notes, list):
+            notes[:] = [_RESUME_AT_ITEM.sub(advice, note) for note in notes]
+        raise
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -196,6 +211,21 @@ def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
 STORE = click.Path()
 """A store argument. Opening it checks it: a missing path is the library's
 StoreNotFoundError, one ``Error:`` line (exit 2) that says how to make a store."""
+
+
+class _File(click.File):
+    """:class:`click.File`, but a file that cannot be opened is an input error, one
+    ``Error: PATH: reason`` line (the group's handler words the ``OSError``), not a usage
+    error with Click's usage block: the path is well formed, the file is what is wrong."""
+
+    def convert(self, value: Any, param: Any, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str | os.PathLike):
+            return super().convert(value, param, ctx)  # a stream already
+        stream = click.open_file(value, self.mode, self.encoding, self.errors, lazy=False)
+        if ctx is not None:
+            stream = ctx.with_resource(stream)  # closed with the command; '-' is left open
+        return stream
+
 
 _json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON lines instead of a table."
@@ -552,12 +582,15 @@ class _BatchTicker:
     def __call__(self, progress: ingest.BatchProgress) -> None:
         if not self.enabled:
             return
-        rate = progress.records / max(time.monotonic() - self.started, 1e-9)
+        # This run's lines over this run's time: a resumed job's totals include earlier runs.
+        this_run = progress.records - progress.resumed_from
+        rate = this_run / max(time.monotonic() - self.started, 1e-9)
         where = ""
         if self.total and progress.input_offset is not None:
             where = f" {100 * progress.input_offset / self.total:5.1f}%"
+        since = f" since line {progress.resumed_from}" if progress.resumed_from else ""
         click.echo(
-            f"\r{self.label}{where}: {progress.records} docs, {rate:,.0f} docs/s, "
+            f"\r{self.label}{where}: {progress.records} docs, {rate:,.0f} docs/s{since}, "
             f"{progress.batches_committed} batches committed",
             nl=False,
             err=True,
@@ -593,9 +626,8 @@ def _interrupted(err: ingest.Interrupted, ticker: _BatchTicker) -> None:
 @click.option("--threshold", type=float, default=None, help="With --unique (store default).")
 @click.option(
     "--report",
-    # Opened at once, not on the first write: a path that cannot be written is refused
-    # before anything is added, not found after every batch has committed.
-    type=click.File("w", encoding="utf-8", lazy=False),
+    # A path, opened by the command once it is known not to be a file the command reads.
+    type=click.Path(dir_okay=False, allow_dash=True),
     default=None,
     help="Write skipped (with matching keys) and failed inputs here as JSON lines.",
 )
@@ -612,7 +644,7 @@ def add(
     replace: bool,
     unique: bool,
     threshold: float | None,
-    report: IO[str] | None,
+    report: str | None,
     as_json: bool,
 ) -> None:
     """Add documents: files, directories, JSON lines, or - for stdin.
@@ -629,6 +661,7 @@ def add(
         raise click.UsageError("--unique and --replace cannot be combined")
     if threshold is not None and not unique:
         raise click.UsageError("--threshold applies only with --unique")
+    report_out = None if report is None else _open_report(report, inputs, path)
     records = ingest.read_inputs(
         inputs,
         include=include,
@@ -652,8 +685,8 @@ def add(
         except ingest.Interrupted as err:
             _interrupted(err, ticker)
     ticker.close()
-    if report is not None:
-        _write_report(report, result)
+    if report_out is not None:
+        _write_report(report_out, result)
     summary = {
         "added": result.added,
         "replaced": result.replaced,
@@ -662,6 +695,25 @@ def add(
         "batches": result.batches_committed,
     }
     _report_failures(summary, result.failed, as_json, "see --report or --json")
+
+
+def _open_report(report: str, inputs: tuple[str, ...], store: str) -> IO[str]:
+    """``add --report``, opened (and so emptied) before anything is added, so that a path
+    that cannot be written is refused before, not after, every batch has committed; but
+    only once it is known to be neither an input nor a file of the store, which emptying
+    it would destroy (as ``dedup`` refuses for its outputs)."""
+    if report != ingest.STDIN:
+        named = [("input", Path(p)) for p in inputs if p != ingest.STDIN]
+        ingest.refuse_clashing_paths(named, [("report", Path(report))], store)
+    stream = click.open_file(report, "w", encoding="utf-8", lazy=False)
+    if report != ingest.STDIN:
+
+        def close() -> None:  # a write error is reported by _write_report; closing repeats it
+            with contextlib.suppress(OSError):
+                stream.close()
+
+        click.get_current_context().call_on_close(close)
+    return stream
 
 
 def _write_report(report: IO[str], result: ingest.IngestReport) -> None:
@@ -700,7 +752,7 @@ def _report_failures(
 
 
 @cli.command()
-@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False))
+@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path())  # checked below
 @click.option(
     "--store",
     "store_path",
@@ -742,9 +794,15 @@ def dedup(
             --keep kept.jsonl --dropped dropped.jsonl
     """
     # Everything checked before a store is created: a refused job must leave nothing.
-    if threshold is not None:
-        valid_threshold(threshold)
-    ingest.check_dedup_paths(input_path, keep, dropped, store_path)
+    ingest.check_dedup_paths(
+        input_path,
+        keep,
+        dropped,
+        store_path,
+        id_field=id_field,
+        text_field=text_field,
+        threshold=threshold,
+    )
     exists = (Path(store_path) / "data.mdb").exists()
     _note(f"{'opening' if exists else 'creating'} {store_path}")
     store = (
@@ -798,13 +856,13 @@ def dedup(
 @click.option(
     "--file",
     "file_",
-    type=click.Path(exists=True, dir_okay=False),
+    type=click.Path(),  # read by _read_text, whose errors name it
     default=None,
     help="A file holding one query document.",
 )
 @click.option(
     "--jsonl",
-    type=click.File("rb"),
+    type=_File("rb"),
     default=None,
     help="JSON lines of queries ('-' for stdin).",
 )
@@ -816,7 +874,7 @@ def dedup(
 @click.option(
     "--exact",
     "exact_source",
-    type=click.File("rb"),
+    type=_File("rb"),
     default=None,
     help="JSON lines of the stored documents' texts (same id/text fields): re-verify "
     "every candidate by exact Jaccard.",
@@ -1078,7 +1136,7 @@ def stats(path: str, largest: int, as_json: bool) -> None:
 @click.argument("keys", nargs=-1)
 @click.option(
     "--from-file",
-    type=click.File("rb"),
+    type=_File("rb"),
     default=None,
     help="Read keys from this file, one a line ('-' for stdin).",
 )
@@ -1116,7 +1174,8 @@ def remove(
     wanted = [ingest.key_from_text(key) for key in keys]
     if from_file is not None:  # an empty file is no mistake: nothing is stale today
         wanted += _key_lines(from_file)
-    with open_store(path, readonly=False) as store:
+    advice = "to finish, run the same remove again with --missing-ok"
+    with open_store(path, readonly=False) as store, _resume_advice(advice):
         removed = store.remove_many(wanted, missing_ok=missing_ok, batch_size=batch_size)
     if as_json:
         render.json_line({"removed": removed, "asked": len(wanted)})
@@ -1255,7 +1314,8 @@ def export(path: str, out: str, as_json: bool) -> None:
     """Write the store's documents as a portable export stream ('-' for stdout).
 
     A file appears whole or not at all. The stream ends with a marker that import checks,
-    so an export cut short (on stdout too) is refused, not imported in part.
+    so an export cut short (on stdout too) is refused: into a new store, nothing is left;
+    into an existing one, the batches before the cut stay committed (see import --help).
 
     \b
     Example:
@@ -1267,8 +1327,9 @@ def export(path: str, out: str, as_json: bool) -> None:
         _doc_progress("Exporting", len(store)) as progress,
     ):
         if out == "-":
-            count = store.export(sys.stdout.buffer, progress)
-            sys.stdout.buffer.flush()
+            stdout = _stdout_bytes()
+            count = store.export(stdout, progress)
+            stdout.flush()
         else:
             count = store.export_file(out, progress)
     message = {"exported": count}
@@ -1278,13 +1339,23 @@ def export(path: str, out: str, as_json: bool) -> None:
         click.echo(f"Exported {count} documents.", err=True)
 
 
+def _stdout_bytes() -> IO[bytes]:
+    """Standard output's byte stream; none when it is closed (``>&-``: Python's
+    ``sys.stdout`` is then ``None``), where the export would have nowhere to go."""
+    if sys.stdout is None:
+        raise InputError(
+            f"{_STDOUT}: closed, so there is nowhere to write; name a file instead of -"
+        )
+    return sys.stdout.buffer
+
+
 def _quiet() -> bool:
     ctx = click.get_current_context()
     return bool(ctx.obj and ctx.obj.get("quiet"))
 
 
 @cli.command(name="import")
-@click.argument("source", type=click.File("rb"))
+@click.argument("source", type=_File("rb"))
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("--replace", is_flag=True, help="Overwrite documents whose key is stored.")
 @_json_option
@@ -1293,6 +1364,11 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
 
     A new store takes the export's parameters; an existing one must have the same
     signature configuration (its banding may differ: band keys are recomputed).
+
+    Documents are committed in batches. If the stream is bad part-way (an export cut
+    short, say), or on Ctrl-C, a new store is deleted; an existing one keeps the batches
+    before it, and the error says how many: once the export is whole, run the same import
+    again with --replace to finish.
 
     \b
     Example:
@@ -1310,7 +1386,8 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
         ):
             count, created_new = len(created), True
     else:
-        with store, _doc_progress("Importing") as progress:
+        advice = "to finish, run the same import again with --replace, from a whole export"
+        with store, _doc_progress("Importing") as progress, _resume_advice(advice):
             count = store.import_(source, replace=replace, progress=progress)
             created_new = False
     if as_json:

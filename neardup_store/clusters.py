@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, integer
 from .lsh import LSHParams, band_keys, candidate_pairs
 from .params import valid_threshold
 
@@ -21,16 +21,27 @@ def connected_components(count: int, pairs: npt.NDArray[np.int64]) -> npt.NDArra
     logarithmic in the component diameter on typical inputs.
 
     Raises:
-        InvalidParameterError: ``pairs`` is not ``(m, 2)`` or names a node outside
-            ``range(count)``.
+        InvalidParameterError: ``count`` is no integer >= 0, or ``pairs`` is not ``(m, 2)``
+            integers or names a node outside ``range(count)``.
     """
-    labels = np.arange(count, dtype=np.int64)
+    nodes = integer(count)
+    if nodes is None or nodes < 0:
+        raise InvalidParameterError("count", count, "an integer >= 0: the number of nodes")
+    labels = np.arange(nodes, dtype=np.int64)
     pairs = np.asarray(pairs)
-    if len(pairs) == 0:
+    if pairs.ndim and len(pairs) == 0:
         return labels
-    if pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.min() < 0 or pairs.max() >= count:
+    if (
+        pairs.ndim != 2
+        or pairs.shape[1] != 2
+        or not np.issubdtype(pairs.dtype, np.integer)  # float indexes failed in numpy
+        or pairs.min() < 0
+        or pairs.max() >= nodes
+    ):
         raise InvalidParameterError(
-            "pairs", f"shape {pairs.shape}", f"(m, 2) node indexes in range({count})"
+            "pairs",
+            f"{pairs.dtype} array of shape {pairs.shape}",
+            f"(m, 2) integer node indexes in range({nodes})",
         )
     left, right = pairs[:, 0], pairs[:, 1]
     while True:
@@ -54,6 +65,11 @@ def verified_pairs(
     Returns the pairs ``(m, 2)`` and their estimated similarities.
     """
     valid_threshold(threshold)
+    signatures = np.asarray(signatures)
+    if signatures.ndim != 2:  # band_keys takes one signature, the scores below do not
+        raise InvalidParameterError(
+            "signatures", f"shape {signatures.shape}", "(n, num_perm): one row per document"
+        )
     pairs = candidate_pairs(band_keys(signatures, params, seed), key_bits=STORE_KEY_BITS)
     scores = (signatures[pairs[:, 0]] == signatures[pairs[:, 1]]).mean(axis=1)
     keep = scores >= threshold

@@ -15,15 +15,22 @@ integers, inside document records, are little-endian.
                          also in its band keys. A rebuild moves a store to the current
                          format.
     ``package_version``  str, the neardup_store release that created the store.
-    ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``.
-    ``config``           map, :meth:`MinHashConfig.to_dict` (num_perm, scheme, seed and the
-                         shingle configuration with its ``hash_version``).
+    ``lmdb``             map ``{"binding": py-lmdb version, "engine": [major, minor, patch]}``,
+                         for information only (optional, as ``meta_checksum``; every
+                         other entry listed here is required).
+    ``config``           map ``{"num_perm", "scheme", "seed", "shingles"}``
+                         (:meth:`MinHashConfig.to_dict`); ``shingles`` is the map
+                         ``{"kind", "size", "bag", "nfkc", "casefold",
+                         "collapse_whitespace", "strip", "allow_empty", "hash_version"}``
+                         (:class:`~.text.ShingleConfig`'s fields and the shingle
+                         hashing's version, :data:`~.text.HASH_VERSION`). A key not named
+                         here is refused: it would be a later release's parameter.
     ``banding``          map ``{"bands", "rows", "threshold", "generation", "keys"}``;
                          ``keys`` names the band key scheme (:data:`lsh.KEY_SCHEMES`). A
                          format 1 store has no ``keys`` entry and uses ``"fold"``; format 2
                          stores record it (``"multilinear"`` when made by this release).
-    ``commit_counter``   int, +1 on every committed write transaction (one that wrote
-                         nothing ends without a commit).
+    ``commit_counter``   int, 0 when the store is created, then +1 on every committed
+                         write transaction (one that wrote nothing ends without a commit).
     ``next_doc_id``      int, the next internal document id to hand out.
     ``map_size``         int, the map size in bytes the store last grew to.
     ``meta_checksum``    int, xxh64 (seed 0) of the stored bytes of ``format``,
@@ -39,12 +46,13 @@ integers, inside document records, are little-endian.
     bytes       meaning
     ==========  =====================================================================
     1           record version, :data:`RECORD_VERSION` (1)
-    1           flags: bit 0 key is ``str`` (UTF-8), else ``bytes``; bit 1 has metadata
+    1           flags: bit 0 key is ``str`` (UTF-8), else ``bytes``; bit 1 has metadata;
+                the other bits are 0
     2           num_perm, uint16 LE
     4           key length in bytes, uint32 LE
     key length  the external key
     4·num_perm  the signature, uint32 LE each
-    rest − 8    metadata, msgpack (only when flag bit 1 is set)
+    rest − 8    metadata, msgpack: present (not empty) exactly when flag bit 1 is set
     8           xxh64 (seed 0) of every preceding byte of the record, LE
     ==========  =====================================================================
 
@@ -91,13 +99,25 @@ integers, inside document records, are little-endian.
     such table: a removal there deletes its band entries in its own transaction.
 
 Export stream (:func:`export_header`, :func:`export_record`, :func:`export_trailer`): a
-sequence of msgpack objects. First a header map ``{"format": "neardup_store-export",
-"version": 2, "config": …, "banding": …, "package_version": …}``, then one array per
-document ``[key, signature bytes (uint32 LE), metadata or nil]`` where key is a msgpack str
-or bin exactly as stored, then the trailer map ``{"end": "neardup_store-export",
-"documents": n}`` and nothing after it. Records are written whole, so an export cut short
-(failed, interrupted) still decodes: the missing trailer is how a reader tells. Version 1
-streams have no trailer and are read as they are.
+sequence of msgpack objects. What a reader acts on is *sealed* (:func:`sealed`): packed
+into a msgpack bin ``body``, beside ``checksum``, the xxh64 (seed 0) of the body's bytes
+as an int. A reader unpacks a body only once its checksum matches, so a file damaged at
+rest or in transit is refused instead of imported as other keys or signatures.
+
+1. The header map ``{"format": "neardup_store-export", "version": 3, "body": …,
+   "checksum": …}``, whose sealed body is the map ``{"config": …, "banding": …,
+   "package_version": …}``: ``config`` and ``banding`` as the store's ``meta`` holds
+   them (above), ``package_version`` the exporting release.
+2. One array ``[body, checksum]`` per document, in id order, whose sealed body is the
+   array ``[key, signature, metadata]``: key a msgpack str or bin exactly as stored, the
+   signature as a bin of num_perm uint32 LE values, metadata or nil.
+3. The trailer map ``{"end": "neardup_store-export", "documents": n}``, n counting the
+   records, and nothing after it.
+
+Records are written whole, so an export cut short (failed, interrupted) still decodes:
+the missing trailer is how a reader tells. Version 2 streams hold the same header fields
+in the header map itself and each ``[key, signature, metadata]`` array bare; version 1
+streams are version 2 without the trailer. Both are read as they are.
 
 Nothing is ever unpickled: msgpack is decoded with ``raw=False``, ``strict_map_key=True``
 and no hooks (an extension type decodes to an inert ``ExtType`` value), so reading a file
@@ -120,7 +140,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from .errors import CorruptRecordError, InvalidKeyError, MetadataError
+from .errors import BAD_ID_ADVICE, CorruptRecordError, InvalidKeyError, MetadataError
 from .lsh import LSHParams
 
 FORMAT_NAME = "neardup_store"
@@ -129,9 +149,10 @@ READABLE_FORMATS = (1, 2, 3, 4, 5)
 LAZY_REMOVAL_FORMAT = 5  # the first format with a ``removed`` table
 RECORD_VERSION = 1
 EXPORT_FORMAT = "neardup_store-export"
-EXPORT_VERSION = 2
-READABLE_EXPORT_VERSIONS = (1, 2)
-"""Export versions this release imports (version 1 has no trailer)."""
+EXPORT_VERSION = 3
+READABLE_EXPORT_VERSIONS = (1, 2, 3)
+"""Export versions this release imports (version 1 has no trailer, versions 1 and 2 no
+checksums)."""
 
 META_DB = b"meta"
 DOCS_DB = b"docs"
@@ -163,6 +184,7 @@ _CHECKSUM = struct.Struct("<Q")
 _ID = struct.Struct(">Q")
 _FLAG_STR_KEY = 1
 _FLAG_METADATA = 2
+_KNOWN_FLAGS = _FLAG_STR_KEY | _FLAG_METADATA
 
 
 def band_table_name(generation: int, index: int) -> bytes:
@@ -326,8 +348,17 @@ def encode_id(doc_id: int) -> bytes:
 
 
 def decode_id(raw: bytes) -> int:
-    """Inverse of :func:`encode_id`."""
-    return int(_ID.unpack(raw)[0])
+    """Inverse of :func:`encode_id`.
+
+    Raises:
+        CorruptRecordError: ``raw`` (a ``docs`` or ``removed`` key) is not 8 bytes long.
+    """
+    try:
+        return int(_ID.unpack(raw)[0])
+    except struct.error:
+        raise CorruptRecordError(
+            None, f"it is stored under {bytes(raw)!r}, not an 8-byte id", BAD_ID_ADVICE
+        ) from None
 
 
 def encode_ids(doc_ids: npt.NDArray[np.uint64]) -> list[bytes]:
@@ -336,8 +367,16 @@ def encode_ids(doc_ids: npt.NDArray[np.uint64]) -> list[bytes]:
 
 
 def decode_ids(raw_ids: Iterable[bytes]) -> npt.NDArray[np.uint64]:
-    """:func:`decode_id` of each of ``raw_ids`` (8-byte big-endian ids), as one array."""
-    return np.frombuffer(b"".join(raw_ids), dtype=">u8").astype(np.uint64)
+    """:func:`decode_id` of each of ``raw_ids`` (8-byte big-endian ids), as one array.
+
+    Raises:
+        CorruptRecordError: one of them is not 8 bytes long (as :func:`decode_id`).
+    """
+    listed = list(raw_ids)
+    joined = b"".join(listed)
+    if len(joined) != _ID.size * len(listed):
+        decode_id(next(raw for raw in listed if len(raw) != _ID.size))
+    return np.frombuffer(joined, dtype=">u8").astype(np.uint64)
 
 
 def encode_band_keys(keys: npt.NDArray[np.uint64]) -> list[bytes]:
@@ -481,8 +520,24 @@ def _split_record(data: bytes, doc_id: int | None) -> tuple[int, int, bytes, mem
     sig_end = start + key_len + 4 * num_perm
     if sig_end > len(body):
         raise CorruptRecordError(doc_id, "lengths overrun the record")
+    if not _layout_ok(flags, sig_end, len(body)):
+        raise CorruptRecordError(doc_id, _layout_fault(flags, sig_end, len(body)))
     raw_key = body[start : start + key_len]
     return flags, num_perm, raw_key, memoryview(body)[start + key_len : sig_end], body[sig_end:]
+
+
+def _layout_ok(flags: int, sig_end: int, body_end: int) -> bool:
+    """Whether the flags are known and metadata follows the signature exactly when flag
+    bit 1 says so (a record is nothing but its parts)."""
+    return not flags & ~_KNOWN_FLAGS and (sig_end < body_end) == bool(flags & _FLAG_METADATA)
+
+
+def _layout_fault(flags: int, sig_end: int, body_end: int) -> str:
+    if flags & ~_KNOWN_FLAGS:
+        return f"unknown flags {flags:#04x}"
+    if flags & _FLAG_METADATA:
+        return "the metadata flag is set but no metadata follows the signature"
+    return f"{body_end - sig_end} bytes follow the signature without the metadata flag"
 
 
 def decode_record(data: bytes, doc_id: int | None = None) -> DocumentRecord:
@@ -523,9 +578,14 @@ def decode_signatures(
         end = len(data) - _CHECKSUM.size
         if end < least or digest(data[:end]) != stored(data, end)[0]:
             _split_record(bytes(data), decode_id(raw_id))  # raises the exact reason
-        version, _, perm, key_len = header(data)
+        version, flags, perm, key_len = header(data)
         start = _HEADER.size + key_len
-        if version != RECORD_VERSION or perm != num_perm or start + width > end:
+        if (
+            version != RECORD_VERSION
+            or perm != num_perm
+            or start + width > end
+            or not _layout_ok(flags, start + width, end)
+        ):
             doc_id = decode_id(raw_id)
             _split_record(bytes(data), doc_id)
             raise CorruptRecordError(doc_id, f"signature of {perm} values, expected {num_perm}")
@@ -567,30 +627,44 @@ def unpack_meta(data: bytes) -> Any:
     return _unpack(data)
 
 
+def sealed(value: Any) -> tuple[bytes, int]:
+    """``value`` packed, and the xxh64 of those bytes: how an export (version 3 on) carries
+    what a reader acts on, so that damage to the file is refused, not imported."""
+    body = msgpack.packb(value, use_bin_type=True)
+    return body, xxhash.xxh64_intdigest(body)
+
+
+def unsealed(body: object, checksum: object) -> Any:
+    """Inverse of :func:`sealed`.
+
+    Raises:
+        ValueError: ``body`` is not bytes with that checksum, or not msgpack.
+    """
+    if not isinstance(body, bytes) or xxhash.xxh64_intdigest(body) != checksum:
+        raise ValueError("its checksum does not match its bytes")
+    return _unpack(body)
+
+
 def export_header(config: dict[str, Any], banding: dict[str, Any], package_version: str) -> bytes:
     """The first object of an export stream."""
+    body, checksum = sealed(
+        {"config": config, "banding": banding, "package_version": package_version}
+    )
     return msgpack.packb(
-        {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "config": config,
-            "banding": banding,
-            "package_version": package_version,
-        },
+        {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "body": body, "checksum": checksum},
         use_bin_type=True,
     )
+
+
+def export_item(key: str | bytes, signature: bytes, metadata: Any) -> bytes:
+    """One record of an export stream, from its parts (``signature``: uint32 LE bytes)."""
+    return msgpack.packb(list(sealed([key, signature, metadata])), use_bin_type=True)
 
 
 def export_record(record: DocumentRecord) -> bytes:
     """One document of an export stream."""
-    return msgpack.packb(
-        [
-            record.key,
-            np.ascontiguousarray(record.signature, dtype="<u4").tobytes(),
-            record.metadata,
-        ],
-        use_bin_type=True,
-    )
+    signature = np.ascontiguousarray(record.signature, dtype="<u4").tobytes()
+    return export_item(record.key, signature, record.metadata)
 
 
 def export_trailer(documents: int) -> bytes:

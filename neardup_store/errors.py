@@ -153,6 +153,20 @@ class InputTypeError(DocumentError, TypeError):
         return f"expected a str document{where}, got {self.value_type.__name__}; {self.hint}"
 
 
+class InvalidSignatureError(DocumentError, InvalidParameterError):
+    """A signature of a call's signatures is refused; ``index`` is the position of the
+    first refused one (``None`` for a call that takes one). An
+    :class:`InvalidParameterError` of ``signatures``, as before it named the item."""
+
+    def __init__(self, value: object, expected: str, index: int | None = None) -> None:
+        self.index = index
+        InvalidParameterError.__init__(self, "signatures", value, expected)
+
+    def _describe(self) -> str:
+        where = self._where(" (the first is signature #{})", "")
+        return f"{InvalidParameterError.__str__(self)}{where}"
+
+
 class BatchTypeError(NeardupError, TypeError):
     """A batch call got something other than an iterable of its items (often one str,
     which would otherwise be taken as one item per character)."""
@@ -208,9 +222,13 @@ class EmptyDocumentError(DocumentError, ValueError):
 class StoreNotFoundError(NeardupError, FileNotFoundError):
     """No store at the path (and ``create`` was not asked for)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(f"{path}: no store here; pass create=True to make one")
+    def __init__(self, path: str, advice: str = "pass create=True to make one") -> None:
+        super().__init__(f"{path}: no store here; {advice}")
         self.path = path
+
+
+READ_ONLY_NOT_FOUND_ADVICE = "check the path (a read-only open cannot make a store)"
+"""What :class:`StoreNotFoundError` advises a read-only open, which ``create`` is not for."""
 
 
 class NotAStoreError(NeardupError, ValueError):
@@ -268,25 +286,37 @@ class InvalidKeyError(NeardupError, ValueError):
         self.key, self.reason = key, reason
 
 
-class MetadataError(NeardupError, ValueError):
-    """User metadata cannot be stored (not msgpack-serialisable, or too large)."""
+class MetadataError(DocumentError, ValueError):
+    """User metadata cannot be stored (not msgpack-serialisable, or too large). In a batch,
+    ``key`` and ``index`` (its item's position among the call's items, placed in the whole
+    call as a document's is), when given, name the item whose metadata it is."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(
-            f"metadata rejected: {reason}; use small values of dict/list/str/bytes/int/"
-            "float/bool/None"
+    def __init__(self, reason: str, *, key: object = None, index: int | None = None) -> None:
+        self.reason, self.key, self.index = reason, key, index
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = self._where("item #{} ", "")
+        if self.key is not None:
+            shown = repr(self.key) if len(repr(self.key)) <= 60 else repr(self.key)[:57] + "..."
+            where += f"(key {shown}) "
+        return (
+            f"{where}metadata rejected: {self.reason}; use small values of dict/list/str/"
+            "bytes/int/float/bool/None"
         )
-        self.reason = reason
 
 
 class DuplicateKeyError(NeardupError, ValueError):
     """The key is already in the store, or repeats within one batch (``in_batch``)."""
 
-    def __init__(self, key: object, in_batch: bool = False) -> None:
+    def __init__(self, key: object, in_batch: bool = False, *, advice: str | None = None) -> None:
+        """``advice`` replaces the default one, for calls that take no ``replace``."""
         if in_batch:
-            message = f"key {key!r} appears more than once in the batch; give each item its own key"
+            advice = advice or "give each item its own key"
+            message = f"key {key!r} appears more than once in the batch; {advice}"
         else:
-            message = f"key {key!r} is already in the store; pass replace=True to overwrite it"
+            advice = advice or "pass replace=True to overwrite it"
+            message = f"key {key!r} is already in the store; {advice}"
         super().__init__(message)
         self.key, self.in_batch = key, in_batch
 
@@ -420,15 +450,27 @@ class CorruptStoreError(NeardupError, ValueError):
         self.path, self.detail = path, detail
 
 
+REMOVE_AND_REPAIR = (
+    "run `neardup-admin check`, which names its key: remove that document, repair, and "
+    "add it again, or restore from a backup"
+)
+"""What to do about a damaged record of a stored document: only its key can remove it."""
+_REPAIR_ALONE = "run `neardup-admin check --repair` (Store.check(repair=True)), which {does}"
+BAD_ID_ADVICE = _REPAIR_ALONE.format(does="gives such a record an id of its own")
+"""What to do about a record stored under a key that is no document id."""
+PURGE_ADVICE = _REPAIR_ALONE.format(
+    does="drops the records of removed documents with their band entries (no key names "
+    "them any more)"
+)
+"""What to do about a damaged record of a removed document, met by a purge."""
+
+
 class CorruptRecordError(NeardupError, ValueError):
     """A stored record failed its checksum or could not be decoded."""
 
-    def __init__(self, doc_id: int | None, reason: str) -> None:
+    def __init__(self, doc_id: int | None, reason: str, advice: str = REMOVE_AND_REPAIR) -> None:
         where = "a record" if doc_id is None else f"document record #{doc_id}"
-        super().__init__(
-            f"{where} is corrupt ({reason}); run `neardup-admin check`, which names its "
-            "key: remove that document, repair, and add it again, or restore from a backup"
-        )
+        super().__init__(f"{where} is corrupt ({reason}); {advice}")
         self.doc_id, self.reason = doc_id, reason
 
 
@@ -450,6 +492,18 @@ class InvalidStreamError(NeardupError, ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"cannot import: {reason}")
         self.reason = reason
+
+
+class StreamReadError(InvalidStreamError, OSError):
+    """An import stream could not be read (its source reported an I/O error). Also an
+    ``OSError``, as the source's own error was before it was typed."""
+
+    def __init__(self, consumed: int, detail: str) -> None:
+        super().__init__(
+            f"the stream could not be read after {consumed} bytes ({detail}); check its "
+            "source, then import again"
+        )
+        self.consumed, self.detail = consumed, detail
 
 
 class TransactionAbortedError(NeardupError, RuntimeError):

@@ -50,6 +50,7 @@ import xxhash
 
 from . import codec
 from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, NeardupError
+from .params import valid_threshold
 from .similarity import estimate_jaccard
 from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size
 from .text import check_encoding, decode_text
@@ -137,7 +138,10 @@ class BatchProgress:
 
     For :func:`dedup`, ``records`` counts input lines (blank and failed ones too),
     ``added`` kept and ``skipped`` dropped documents, and ``input_offset`` is the byte
-    position reached in the input (for a progress bar against the file size).
+    position reached in the input (for a progress bar against the file size). The totals
+    are the job's: a resumed dedup's include the lines of earlier runs, up to
+    ``resumed_from`` (0 for a run that read from the start), so that this run's rate is
+    ``records - resumed_from`` over its time.
     """
 
     batches_committed: int
@@ -146,6 +150,7 @@ class BatchProgress:
     skipped: int
     failed: int
     input_offset: int | None = None
+    resumed_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,11 +199,14 @@ class Interrupted(KeyboardInterrupt):
 class DedupStateError(NeardupError, ValueError):
     """The progress file next to the keep file does not fit this dedup run."""
 
-    def __init__(self, path: str, reason: str, *, damaged: bool = False) -> None:
-        resume = "put back an intact copy of it" if damaged else "rerun with the same arguments"
+    def __init__(
+        self, path: str, reason: str, *, damaged: bool = False, resume: str | None = None
+    ) -> None:
+        if resume is None:
+            resume = "put back an intact copy of it" if damaged else "rerun with the same arguments"
         super().__init__(
-            f"{path}: {reason}; {resume} to resume, or delete it (and use a fresh store) to "
-            "start over"
+            f"{path}: {reason}; {resume} to resume, or delete the progress file (and use a "
+            "fresh store) to start over"
         )
         self.path, self.reason = path, reason
 
@@ -777,20 +785,10 @@ def dedup(
             not the one it read (replaced or truncated).
     """
     check_batch_size(batch_size, allow_auto=False)
-    if threshold is not None:
-        threshold = store._check_threshold(threshold)
-    paths = check_dedup_paths(input_jsonl_path, keep_path, dropped_path, store.path)
-    job = {
-        "input": str(paths[0]),
-        "keep": str(paths[1]),
-        "dropped": str(paths[2]),
-        "store": str(Path(store.path).resolve()),
-        "id_field": id_field,
-        "text_field": text_field,
-        "threshold": threshold,
-    }
+    fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
+    paths, job, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store.path, fields)
+    threshold = job["threshold"]
     sidecar = progress_path(keep_path)
-    state = _load_state(sidecar, job)
     if state is None:
         at, resumed_from, done = _Position(), None, False
         for path in paths[1:]:
@@ -830,7 +828,13 @@ def dedup(
                 run_batches += 1
                 if on_batch is not None:
                     progress = BatchProgress(
-                        at.batches, at.line, at.kept, at.dropped, len(at.failed), at.input_offset
+                        at.batches,
+                        at.line,
+                        at.kept,
+                        at.dropped,
+                        len(at.failed),
+                        at.input_offset,
+                        resumed_from or 0,
                     )
                     on_batch(progress)
             source.seek(at.input_offset)  # what is left: blank lines, then perhaps one cut short
@@ -846,49 +850,112 @@ def check_dedup_paths(
     keep_path: str | os.PathLike[str],
     dropped_path: str | os.PathLike[str],
     store_path: str | os.PathLike[str],
+    *,
+    id_field: str = "id",
+    text_field: str = "text",
+    threshold: float | None = None,
 ) -> list[Path]:
-    """The resolved paths of a :func:`dedup` job (input, keep, dropped), checked before
-    anything is opened or created, so that a refused job changes nothing.
+    """The resolved paths of a :func:`dedup` job (input, keep, dropped), checked with the
+    rest of the job before anything is opened or created, so that a refused job changes
+    nothing: a caller that creates the store only when it is missing calls this first.
 
     Raises:
-        InvalidParameterError: the input is not a regular file (a resume seeks in it), an
-            output's directory does not exist, or an output would destroy a file the job
-            needs (:func:`_refuse_clashing_paths`).
-        DedupStateError: the progress file beside the keep file is damaged.
+        InvalidParameterError: the threshold is invalid, the input is not a regular file
+            (a resume seeks in it), an output's directory does not exist, an output is no
+            regular file (a resume cuts it back), or an output would destroy a file the
+            job needs (:func:`refuse_clashing_paths`).
+        DedupStateError: the progress file beside the keep file is damaged, records
+            another job, or records committed batches while no store is at
+            ``store_path``: a run would create a new, empty one and keep again what the
+            lost store held.
     """
+    fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
+    paths, _, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store_path, fields)
+    if (
+        state is not None
+        and state.committed.batches
+        and not (Path(store_path) / "data.mdb").exists()
+    ):
+        batches = state.committed.batches
+        raise DedupStateError(
+            str(progress_path(keep_path)),
+            f"it records {batches} committed batch{'es' if batches > 1 else ''} of a job on "
+            f"the store {store_path}, which is not there (a new, empty store would keep again "
+            "what that one held)",
+            resume="restore that store and rerun with the same arguments",
+        )
+    return paths
+
+
+def _checked_job(
+    input_jsonl_path: str | os.PathLike[str],
+    keep_path: str | os.PathLike[str],
+    dropped_path: str | os.PathLike[str],
+    store_path: str | os.PathLike[str],
+    fields: dict[str, Any],
+) -> tuple[list[Path], dict[str, Any], _State | None]:
+    """A dedup job's resolved paths, its description (as its progress file records it)
+    and the progress file's state, if there is one, refused if it records another job."""
+    if fields["threshold"] is not None:
+        fields = {**fields, "threshold": valid_threshold(fields["threshold"])}
     paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]
     if not paths[0].is_file():
         raise InvalidParameterError(
             "input",
             str(input_jsonl_path),
-            "a regular file (a resumed job seeks in it; save a stream to a file first)",
+            "a regular file (a resumed job seeks in it; save a stream to a file first)"
+            if paths[0].exists()
+            else "an existing file",
         )
-    for name, path in zip(("keep", "dropped"), paths[1:], strict=True):
+    outputs = list(zip(("keep", "dropped"), paths[1:], strict=True))
+    for name, path in outputs:
         if not path.parent.is_dir():
             raise InvalidParameterError(name, str(path), "a file in an existing directory")
+        if path.exists() and not path.is_file():
+            raise InvalidParameterError(
+                name,
+                str(path),
+                "a regular file (a resumed job cuts it back to the size it records)",
+            )
     sidecar = progress_path(keep_path).resolve()
-    _refuse_clashing_paths(paths, sidecar, Path(store_path).resolve())
-    # A damaged progress file, or one of a job on other files, is refused before a store
-    # is made (the rest of the job is compared once the store is open).
-    where = {"input": paths[0], "keep": paths[1], "dropped": paths[2], "store": store_path}
-    _load_state(sidecar, {name: str(Path(path).resolve()) for name, path in where.items()})
-    return paths
+    refuse_clashing_paths(
+        [("input", paths[0])], [*outputs, ("progress file", sidecar)], Path(store_path)
+    )
+    job = {
+        "input": str(paths[0]),
+        "keep": str(paths[1]),
+        "dropped": str(paths[2]),
+        "store": str(Path(store_path).resolve()),
+        **fields,
+    }
+    return paths, job, _load_state(sidecar, job)
 
 
-def _refuse_clashing_paths(paths: list[Path], sidecar: Path, store_dir: Path) -> None:
-    """Refuse an output that is the input, another output, the progress file or a file in
-    the store's directory: a fresh start empties the outputs, which would destroy it."""
-    named = list(zip(("input", "keep", "dropped", "progress file"), [*paths, sidecar], strict=True))
+def refuse_clashing_paths(
+    inputs: Sequence[tuple[str, Path]],
+    outputs: Sequence[tuple[str, Path]],
+    store_dir: str | os.PathLike[str],
+) -> None:
+    """Refuse an output that is one of the named inputs, another output, or a path in the
+    store's directory, symbolic and hard links included: opening it for writing empties
+    it, which would destroy that file (the store's data file, say) before anything could
+    be checked. Each pair is ``(name for the message, path)``.
+
+    Raises:
+        InvalidParameterError: naming the output and what it must differ from.
+    """
+    named = [(name, Path(path).resolve()) for name, path in [*inputs, *outputs]]
     for i, (first, first_path) in enumerate(named):
-        for second, second_path in named[i + 1 :]:
+        for second, second_path in named[max(i + 1, len(inputs)) :]:
             if first_path == second_path or (
                 first_path.exists() and second_path.exists() and first_path.samefile(second_path)
             ):
                 raise InvalidParameterError(
                     second.replace(" ", "_"), str(second_path), f"a file other than the {first}"
                 )
-    for name, path in named[1:]:
-        if path.is_relative_to(store_dir):
+    store = Path(store_dir).resolve()
+    for name, path in named[len(inputs) :]:
+        if path.is_relative_to(store):
             raise InvalidParameterError(
                 name.replace(" ", "_"), str(path), "a path outside the store's directory"
             )

@@ -50,7 +50,7 @@ from . import codec, lmdbfile
 from .errors import check_flags
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
-from .store import META_COUNT_LIMITS, meta_count_ok
+from .store import META_COUNT_LIMITS, id_after, meta_count_ok
 
 if TYPE_CHECKING:
     from .store import Store
@@ -60,7 +60,9 @@ VIOLATION_KINDS: tuple[str, ...] = (
     "structure",  # LMDB's pages are damaged, or LMDB failed reading: restore from a backup
     "meta",  # a meta entry is missing, undecodable or disagrees with the store
     "stray-table",  # a table the format does not name (repair drops it)
-    "doc-id",  # a docs key that is not an id, or an id >= next_doc_id (repair fixes the latter)
+    # a docs key that is not an id or is past the format's ids (repair gives the record a
+    # new id), or an id >= next_doc_id (repair raises next_doc_id)
+    "doc-id",
     "corrupt-record",  # checksum, version or lengths wrong: restore from a backup
     "signature-length",  # a record's signature is not num_perm values long
     "key-missing",  # a record's key index is not in the keys table (repair fixes)
@@ -503,58 +505,63 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
         txn.drop(store._keys_db, delete=False)
         next_id = _meta_value(store, txn, "next_doc_id")
         next_id = next_id if meta_count_ok("next_doc_id", next_id) else 0
+        id_limit = store._band_layout.id_limit
         if store._removed_db is not None:  # the bands are re-derived from docs alone
-            next_id = max(next_id, _id_after(txn, store._removed_db, store))  # never reused
+            next_id = max(next_id, id_after(txn, store._removed_db, id_limit))  # never reused
             txn.drop(store._removed_db, delete=False)
         for db in store._band_dbs:
             txn.drop(db, delete=False)
-        num_perm, seed = store.config.num_perm, store.config.seed
-        next_id = max(next_id, _id_after(txn, store._docs_db, store))  # readable or not
-        restored = 0
-        for batch in _table_batches(txn, store._docs_db):
+        next_id = max(next_id, id_after(txn, store._docs_db, id_limit))  # readable or not
+
+        def index_records(batch: list[tuple[bytes, bytes]], overwrite: bool = True) -> int:
+            """Index the readable records of ``batch``; how many."""
             ids, sigs = [], []
             for raw_id, value in batch:
-                if len(raw_id) != 8 or codec.decode_id(raw_id) >= store._band_layout.id_limit:
-                    continue  # a record with a bad id cannot be indexed: it stays reported
                 try:  # an undecodable record cannot be indexed: it stays reported
                     record = codec.decode_record(value, codec.decode_id(raw_id))
                     raw, is_str = codec.key_bytes(record.key)
                 except ValueError:
                     continue
-                if len(record.signature) != num_perm:
+                if len(record.signature) != store.config.num_perm:
                     continue
                 # The last record of a key (the newest) wins, as a replacement's record
                 # comes after the one it replaced; an older duplicate stays reported.
-                txn.put(codec.key_index(raw, is_str), raw_id, db=store._keys_db)
-                ids.append(raw_id)
-                sigs.append(record.signature)
+                if txn.put(
+                    codec.key_index(raw, is_str), raw_id, db=store._keys_db, overwrite=overwrite
+                ):
+                    ids.append(raw_id)
+                    sigs.append(record.signature)
             if ids:
                 _fill_bands(
-                    txn, store._band_dbs, ids, np.stack(sigs), store.banding, seed,
-                    store._band_layout,
+                    txn, store._band_dbs, ids, np.stack(sigs), store.banding,
+                    store.config.seed, store._band_layout,
                 )  # fmt: skip
-                restored += len(ids)
+            return len(ids)
+
+        restored = 0
+        misplaced: list[tuple[bytes, bytes]] = []
+        for batch in _table_batches(txn, store._docs_db):
+            placed: list[tuple[bytes, bytes]] = []
+            for raw_id, value in batch:
+                is_id = len(raw_id) == 8 and codec.decode_id(raw_id) < id_limit
+                (placed if is_id else misplaced).append((raw_id, value))
+            restored += index_records(placed)
+        moved: list[tuple[bytes, bytes]] = []
+        for raw_id, value in misplaced:  # a record under a key that is no id gets an id
+            if next_id >= id_limit:
+                break  # no id left to give: it stays reported
+            moved.append((codec.encode_id(next_id), value))
+            txn.delete(raw_id, db=store._docs_db)
+            next_id += 1
+        for new_id, value in moved:  # (not appended: a misplaced key may still sort last)
+            txn.put(new_id, value, db=store._docs_db)
+        restored += index_records(moved, overwrite=False)  # the key's own document wins
         for index, raw_id in naming:  # unless a readable record holds the key now
             txn.put(index, raw_id, db=store._keys_db, overwrite=False)
         txn.put(b"next_doc_id", codec.pack_meta(next_id), db=store._meta_db)
         return restored
 
     return run
-
-
-def _id_after(txn: lmdb.Transaction, db: Any, store: Store) -> int:
-    """One more than the highest document id ``db`` holds (ids are its keys, in order),
-    among those the format can hold; 0 if none."""
-    limit = store._band_layout.id_limit
-    with txn.cursor(db=db) as cursor:
-        if not cursor.last():
-            return 0
-        while True:
-            raw_id = bytes(cursor.key())
-            if len(raw_id) == 8 and codec.decode_id(raw_id) < limit:
-                return codec.decode_id(raw_id) + 1
-            if not cursor.prev():
-                return 0
 
 
 def _meta_value(store: Store, txn: lmdb.Transaction, name: str) -> Any:

@@ -33,7 +33,15 @@ import numpy.typing as npt
 from . import kernels, streamed
 from .errors import InvalidParameterError, integer
 from .hashing import U64, derive_keys, fmix64, high_bits_below
-from .text import ShingleBatch, ShingleConfig, Shingler, check_batch, single_document
+from .text import (
+    ShingleBatch,
+    ShingleConfig,
+    Shingler,
+    check_batch,
+    check_encoding,
+    exact_fields,
+    single_document,
+)
 
 Scheme = Literal["oph", "kperm"]
 SCHEMES: tuple[str, ...] = ("oph", "kperm")
@@ -78,10 +86,7 @@ class MinHashConfig:
         object.__setattr__(self, "num_perm", n)  # numpy's integers are made plain ints
         if self.scheme not in SCHEMES:
             raise InvalidParameterError("scheme", self.scheme, f"one of {', '.join(SCHEMES)}")
-        s = integer(self.seed)
-        if s is None or not 0 <= s < 1 << 64:
-            raise InvalidParameterError("seed", self.seed, "an integer in [0, 2**64)")
-        object.__setattr__(self, "seed", s)
+        object.__setattr__(self, "seed", valid_seed(self.seed))
         if not isinstance(self.shingles, ShingleConfig):
             raise InvalidParameterError("shingles", self.shingles, "a ShingleConfig")
 
@@ -98,12 +103,9 @@ class MinHashConfig:
     def from_dict(cls, data: dict[str, Any]) -> MinHashConfig:
         """Inverse of :meth:`to_dict`. A parameter this release does not know (a later
         release's, from an export or a job's output) is refused: dropped, the store
-        would sign its text queries otherwise than its imported signatures."""
-        unknown = sorted(map(str, set(data) - set(_CONFIG_FIELDS)))
-        if unknown:
-            raise InvalidParameterError(
-                "config", unknown, f"only {', '.join(_CONFIG_FIELDS)} (a later release's?)"
-            )
+        would sign its text queries otherwise than its imported signatures. A missing one
+        is refused too, with the field named (it was a raw ``KeyError``)."""
+        data = exact_fields(data, _CONFIG_FIELDS, "config")
         return cls(
             num_perm=data["num_perm"],
             scheme=data["scheme"],
@@ -114,6 +116,15 @@ class MinHashConfig:
 
 _CONFIG_FIELDS = ("num_perm", "scheme", "seed", "shingles")
 """The keys of :meth:`MinHashConfig.to_dict`."""
+
+
+def valid_seed(seed: object) -> int:
+    """``seed`` as a plain ``int`` if it is one of the 64-bit seeds every hash here is
+    derived from (numpy's integers included), else :class:`InvalidParameterError`."""
+    value = integer(seed)
+    if value is None or not 0 <= value < 1 << 64:
+        raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
+    return value
 
 
 def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:
@@ -177,6 +188,8 @@ class MinHasher:
             EmptyDocumentError: a document has no shingles and empties are not allowed.
         """
         check_batch(documents)
+        if encoding is not None:  # refused up front, even when every document is a str
+            check_encoding(encoding)
         docs = list(documents)
         parts = [
             streamed.signature(self, docs[lo], encoding, lo)[None, :]

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, real
 
 
 def jaccard(a: Iterable[Hashable], b: Iterable[Hashable]) -> float:
@@ -50,9 +50,10 @@ def bag_jaccard(
 
 def sum_union_from_max_union(similarity: float) -> float:
     """Convert a max-union bag similarity ``J`` to the sum-union one: ``J / (1 + J)``."""
-    if isinstance(similarity, bool) or not 0.0 <= similarity <= 1.0:
+    value = real(similarity)
+    if value is None or not 0.0 <= value <= 1.0:
         raise InvalidParameterError("similarity", similarity, "a number in [0, 1]")
-    return similarity / (1.0 + similarity)
+    return value / (1.0 + value)
 
 
 def hashed_jaccard(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> float:
@@ -71,11 +72,20 @@ def estimate_jaccard(
     estimate per row).
     """
     signature, others = np.asarray(signature), np.asarray(others)
-    if signature.ndim != 1 or others.shape[-1] != signature.shape[0]:
+    if (
+        signature.ndim != 1
+        or others.ndim not in (1, 2)  # a number or None had no last axis to compare
+        or others.shape[-1] != signature.shape[0]
+        or not (_integers(signature) and _integers(others))
+    ):
         raise InvalidParameterError(
             "signature shapes",
             (signature.shape, others.shape),
-            "a 1-D signature and signatures with the same num_perm",
+            "a 1-D signature and signatures with the same num_perm, of integer values",
         )
     agree = (others == signature).mean(axis=-1)
     return float(agree) if others.ndim == 1 else agree
+
+
+def _integers(values: npt.NDArray[np.generic]) -> bool:
+    return bool(np.issubdtype(values.dtype, np.integer))

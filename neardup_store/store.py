@@ -29,8 +29,10 @@ Operational rules the store enforces:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import resource
 import shutil
@@ -50,11 +52,13 @@ from . import _faults, codec, lmdbfile
 from ._version import __version__
 from .band_cache import BandCache
 from .errors import (
+    READ_ONLY_NOT_FOUND_ADVICE,
     CorruptStoreError,
     DocumentError,
     ForkedStoreError,
     FormatVersionError,
     InvalidParameterError,
+    InvalidSignatureError,
     KeyNotFoundError,
     NeardupError,
     NotAStoreError,
@@ -75,7 +79,7 @@ from .errors import (
 from .lsh import LSHParams
 from .minhash import MinHashConfig, MinHasher
 from .params import StoreParams, resolve_params, shingle_fields, valid_threshold
-from .text import HASH_VERSION, ShingleConfig, check_batch
+from .text import HASH_VERSION, ShingleConfig, check_batch, check_encoding, single_document
 from .txn import (
     KEYS,
     SIGNATURE_ITEMS,
@@ -120,6 +124,8 @@ DEFAULT_MODE = 0o700
 STALE_READER_CHECK_S = 1.0
 """A read begins with a sweep of reader slots left by killed processes at most this often
 (a write always sweeps first)."""
+ITER_CHUNK = 1024
+"""Keys ``iter(store)`` reads per short read transaction."""
 LOCK_FILE = "neardup.lock"
 CREATE_LOCK_FILE = "neardup.create.lock"
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -144,6 +150,20 @@ META_COUNT_LIMITS = {
 """The largest value of each bookkeeping count of ``meta`` (outside the parameters'
 checksum) that is not damage."""
 REPAIR_COUNT = "check(repair=True) or neardup-admin check --repair rewrites it"
+
+
+def id_after(txn: lmdb.Transaction, db: Any, id_limit: int) -> int:
+    """One more than the highest document id ``db`` (``docs`` or ``removed``) holds among
+    those the format can hold, 0 if none. Keys that are no id (damage that
+    :func:`~.integrity.check` reports, and its repair moves) are passed over."""
+    with txn.cursor(db=db) as cursor:
+        found = cursor.last()
+        while found:
+            raw_id = cursor.key()
+            if len(raw_id) == 8 and (doc_id := codec.decode_id(raw_id)) < id_limit:
+                return doc_id + 1
+            found = cursor.prev()
+    return 0
 
 
 def _hash_version_of(config: object) -> object:
@@ -277,22 +297,19 @@ class Store:
         check_flags(create=create, read_only=read_only, durable=durable, band_cache=band_cache)
         if read_only and create:
             raise InvalidParameterError("create", create, "False when read_only=True")
-        if map_size is not None and (
-            isinstance(map_size, bool)
-            or not isinstance(map_size, int)
-            or not 1 << 16 <= map_size <= MAX_MAP_SIZE
-        ):
-            raise InvalidParameterError(
-                "map_size", map_size, "an integer of bytes from 65536 to 2**46 (64 TiB)"
-            )
-        if (
-            isinstance(max_readers, bool)
-            or not isinstance(max_readers, int)
-            or not 1 <= max_readers <= MAX_READERS
-        ):
+        if map_size is not None:
+            size = integer(map_size)
+            if size is None or not 1 << 16 <= size <= MAX_MAP_SIZE:
+                raise InvalidParameterError(
+                    "map_size", map_size, "an integer of bytes from 65536 to 2**46 (64 TiB)"
+                )
+            map_size = size  # LMDB takes a Python int, not numpy's
+        readers = integer(max_readers)
+        if readers is None or not 1 <= readers <= MAX_READERS:
             raise InvalidParameterError(
                 "max_readers", max_readers, f"an integer in [1, {MAX_READERS}]"
             )
+        max_readers = readers
         if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o777 or mode < 0o700:
             shown = oct(mode) if isinstance(mode, int) else mode
             raise InvalidParameterError(
@@ -313,6 +330,8 @@ class Store:
         with _creation_lock(directory, create, mode):
             exists = (directory / "data.mdb").exists()
             if not exists and not create:
+                if read_only:  # create=True is refused with it: advise what it can do
+                    raise StoreNotFoundError(str(directory), READ_ONLY_NOT_FOUND_ADVICE)
                 raise StoreNotFoundError(str(directory))
             if not exists:
                 _refuse_foreign_files(directory)  # made meanwhile by someone else
@@ -593,9 +612,19 @@ class Store:
                 str(self.path),
                 f"its parameters in meta do not decode ({type(err).__name__}: {err})",
             ) from None
-        for name, value in (("generation", generation), ("map_size", meta.get("map_size", 0))):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise CorruptStoreError(str(self.path), f"meta {name} is {value!r}")
+        # Each part decodes; together they must still be parameters a store can be made with.
+        if not 0.0 < threshold <= 1.0:
+            raise CorruptStoreError(str(self.path), f"meta threshold is {threshold!r}")
+        if banding.width > params.config.num_perm:
+            raise CorruptStoreError(
+                str(self.path),
+                f"its {banding.bands} bands of {banding.rows} rows need more than its "
+                f"{params.config.num_perm} signature values",
+            )
+        # (A damaged map_size is only passed over: the open sizes the map without it, check
+        # reports it and the next commit rewrites it, as it does one past any map.)
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise CorruptStoreError(str(self.path), f"meta generation is {generation!r}")
         return params
 
     def _check_asked(self, params: StoreParams, asked: tuple[Any, ...]) -> None:
@@ -767,7 +796,7 @@ class Store:
                 ):
                     raise StoreBusyError(
                         str(self.path),
-                        "grow the map",
+                        "grow the map" if size else "adopt the map another process grew",
                         f"while other threads keep read transactions open (waited "
                         f"{RESIZE_WAIT_S:.0f} s); keep reads short, or open the store with a "
                         "larger map_size",
@@ -793,6 +822,8 @@ class Store:
     def _begin_tracked(self, write: bool) -> lmdb.Transaction:
         """Begin a transaction counted as active, so :meth:`_resize` waits for it; the
         caller must call :meth:`_end_tracked` once it has ended."""
+        # Before the lock: a child forked while another thread held it would wait for ever.
+        self._require_env()
         state = self._thread_state
         if self._growth_waiting and not getattr(state, "readers", 0):
             self._let_growth_go_first()
@@ -838,9 +869,10 @@ class Store:
         a slot itself: so every open store sweeps, before each write and now and then
         before a read.
         """
+        self._require_env()  # before the lock, as in _begin_tracked
         now = time.monotonic()
         if force or now - self._swept_at >= STALE_READER_CHECK_S:
-            with self._readers_lock:
+            with self._readers_lock:  # (the environment a compaction swapped in under it)
                 self._require_env().reader_check()
             self._swept_at = now
 
@@ -952,10 +984,12 @@ class Store:
     def _env_info(self) -> dict[str, int]:
         """LMDB's ``env.info()``, with the lock a map growth holds: asked while another
         thread's ``set_mapsize`` ran, py-lmdb failed it (``Invalid argument``)."""
+        self._require_env()  # before the lock, as in _begin_tracked
         with self._readers_lock:
             return self._require_env().info()  # type: ignore[no-any-return]
 
     def _page_size(self) -> int:
+        self._require_env()
         with self._readers_lock:  # as in _env_info
             return int(self._require_env().stat()["psize"])
 
@@ -1001,15 +1035,15 @@ class Store:
         entries went in, pointing at another document."""
         next_id = self._read_count(txn, "next_doc_id")
         for db in (self._docs_db, self._removed_db):
-            if db is None:
-                continue
-            with txn.cursor(db=db) as cursor:
-                if cursor.last() and codec.decode_id(cursor.key()) >= next_id:
-                    raise CorruptStoreError(
-                        str(self.path),
-                        f"meta next_doc_id is {next_id}, but document id "
-                        f"{codec.decode_id(cursor.key())} is stored; {REPAIR_COUNT}",
-                    )
+            if (
+                db is not None
+                and (stored := id_after(txn, db, self._band_layout.id_limit)) > next_id
+            ):
+                raise CorruptStoreError(
+                    str(self.path),
+                    f"meta next_doc_id is {next_id}, but document id {stored - 1} is stored; "
+                    f"{REPAIR_COUNT}",
+                )
         return next_id
 
     def _write_counters(self, writer: WriteTxn) -> None:
@@ -1029,10 +1063,20 @@ class Store:
         return self.threshold if threshold is None else valid_threshold(threshold)
 
     def _check_signatures(self, signatures: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        """``signatures`` as a contiguous uint32 matrix of this store's width. A refused
+        row is named by its position among them (the first refused one), as a bad text
+        is by its ``index``: in a long batch the caller could not find it otherwise."""
+        num_perm = self.config.num_perm
         if isinstance(signatures, list | tuple):
             _check_row_types(signatures)
-        array = _numbers(signatures, "signatures")
-        num_perm = self.config.num_perm
+        try:
+            array = np.asarray(signatures)
+        except (ValueError, TypeError):
+            raise InvalidSignatureError(
+                "rows of different shapes",
+                "one shape (num_perm,) for every signature",
+                _first_misshapen(signatures, num_perm),
+            ) from None
         if array.ndim != 2 or array.shape[1] != num_perm or array.dtype.kind not in "ui":
             raise InvalidParameterError(
                 "signatures", f"{array.dtype} array of shape {array.shape}",
@@ -1041,7 +1085,10 @@ class Store:
         if array.dtype == np.uint32:
             return np.ascontiguousarray(array)  # in range by its type; no copy of a batch
         if array.size and (array.min() < 0 or array.max() > 0xFFFFFFFF):
-            raise InvalidParameterError("signatures", "values out of range", "uint32 values")
+            outside = ((array < 0) | (array > 0xFFFFFFFF)).any(axis=1)
+            raise InvalidSignatureError(
+                "values out of range", "uint32 values", int(np.argmax(outside))
+            )
         return array.astype(np.uint32)
 
     def _check_signature(self, signature: npt.ArrayLike) -> npt.NDArray[np.uint32]:
@@ -1054,7 +1101,8 @@ class Store:
                 f"shape {array.shape}",
                 f"one signature of {self.config.num_perm} values",
             )
-        return self._check_signatures(array[None, :])[0]
+        with single_document():  # one signature: not "signature #0"
+            return self._check_signatures(array[None, :])[0]
 
     # -- single-call conveniences (each its own transaction) -------------------------------------
 
@@ -1067,23 +1115,29 @@ class Store:
             return key in txn
 
     def __iter__(self) -> Iterator[Key]:
-        """Keys in insertion order, read in chunks of short transactions (not one snapshot)."""
-        after = b""
-        while True:
-            with self.read() as txn, txn.txn.cursor(db=self._docs_db) as cursor:
-                if not cursor.set_range(after):
-                    return
-                chunk = []
-                for raw_id, record in cursor:
-                    if raw_id == after:
-                        continue
-                    raw, is_str = codec.record_key(record)
-                    chunk.append((bytes(raw_id), raw.decode("utf-8") if is_str else raw))
-                    if len(chunk) == 1024:
-                        break
-            if not chunk:
+        """Keys in insertion order, read in chunks of short transactions (not one snapshot).
+
+        It ends at the last document stored when it began: what the loop (or anyone)
+        adds or replaces meanwhile is not yielded, since a replacement is a new document
+        after them. Without that bound, a loop replacing each document met its
+        replacements again and never ended. A document removed before its chunk is read
+        is not yielded.
+        """
+        with self.read() as txn, txn.txn.cursor(db=self._docs_db) as cursor:
+            if not cursor.last():
                 return
+            until = bytes(cursor.key())
+        after: bytes | None = None
+        while True:
+            with self.read() as txn:
+                rows = txn._key_rows(after, until)
+                try:  # the cursor is closed before its transaction ends
+                    chunk = [(bytes(raw), key) for raw, key in itertools.islice(rows, ITER_CHUNK)]
+                finally:
+                    rows.close()
             yield from (key for _, key in chunk)
+            if len(chunk) < ITER_CHUNK:
+                return
             after = chunk[-1][0]
 
     def get(self, key: Key) -> Document:
@@ -1122,10 +1176,14 @@ class Store:
         If a batch fails, nothing of it is written and the batches before it stay
         committed: the error's ``committed`` attribute is how many items they held (where
         to resume), and an error about one document numbers it (``index``) from the
-        call's first item.
+        call's first item. So does an error of ``items`` itself (a generator reading a
+        file that raises), or a Ctrl-C. A bad ``encoding`` is refused before anything is
+        written.
         """
         check_batch(items, *TEXT_ITEMS)
         check_flags(replace=replace)
+        if encoding is not None:  # before the first batch commits, not at its first bytes
+            check_encoding(encoding)
         if replace:
             return self._in_batches(
                 items,
@@ -1464,7 +1522,7 @@ def _check_row_types(rows: Sequence[object]) -> None:
     one type, and a row of bools (or floats) among integer rows passed as their values.
     An array row is judged by its dtype; a row of Python numbers by its first value (a
     conversion of each row to read its type made lists of ints a third slower)."""
-    for row in rows:
+    for index, row in enumerate(rows):
         if isinstance(row, np.ndarray):
             dtype = row.dtype
         elif isinstance(row, list | tuple) and row:
@@ -1478,9 +1536,24 @@ def _check_row_types(rows: Sequence[object]) -> None:
         else:
             continue  # stacking reports what is neither
         if dtype.kind not in "ui":
-            raise InvalidParameterError(
-                "signatures", f"a signature of {dtype} values", "integers in every signature"
+            raise InvalidSignatureError(
+                f"a signature of {dtype} values", "integers in every signature", index
             )
+
+
+def _first_misshapen(rows: object, num_perm: int) -> int | None:
+    """The position of the first of ``rows`` that is not one signature of ``num_perm``
+    values (``None`` if none is found so)."""
+    if not isinstance(rows, list | tuple):
+        return None
+    for index, row in enumerate(rows):
+        try:
+            shape = np.shape(row)
+        except (ValueError, TypeError):  # itself ragged
+            return index
+        if shape != (num_perm,):
+            return index
+    return None
 
 
 def _numbers(values: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
@@ -1712,19 +1785,42 @@ class _Committed:
 
     @contextmanager
     def stamped(self) -> Iterator[None]:
-        """An error, or a Ctrl-C, leaving the block carries :attr:`count` as ``committed``
-        (and a note saying where to resume, unless nothing was committed)."""
+        """Any exception leaving the block carries :attr:`count` as ``committed`` (and a
+        note saying where to resume, unless nothing was committed): ours, a Ctrl-C, and
+        also the caller's own, from the items it iterates or a progress callback, since
+        earlier batches are committed whatever ended the call."""
         try:
             yield
-        except (NeardupError, KeyboardInterrupt) as error:
+        except BaseException as error:
             committed = self.count
-            error.committed = committed  # type: ignore[union-attr]
+            mark(error, "committed", committed)
             if committed:
-                error.add_note(
+                note(
+                    error,
                     f"earlier batches committed the first {committed} items; "
-                    f"resume from item #{committed}"
+                    f"resume from item #{committed}",
                 )
             raise
+
+
+def mark(error: BaseException, name: str, value: object) -> None:
+    """Set attribute ``name`` of ``error``, also on an exception type of the caller's that
+    refuses new attributes (a frozen dataclass): BaseException always has a ``__dict__``."""
+    try:
+        setattr(error, name, value)
+    except Exception:
+        with contextlib.suppress(Exception):
+            object.__setattr__(error, name, value)
+
+
+def note(error: BaseException, text: str) -> None:
+    """``error.add_note(text)``, falling back as :func:`mark` does; an exception whose
+    ``__notes__`` is no list keeps them (its ``committed`` still says it)."""
+    try:
+        error.add_note(text)
+    except Exception:
+        if getattr(error, "__notes__", None) is None:
+            mark(error, "__notes__", [text])
 
 
 def batches(items: Iterable[Any], next_size: Callable[[], int | None]) -> Iterator[list[Any]]:

@@ -40,9 +40,9 @@ from __future__ import annotations
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -141,14 +141,50 @@ class ShingleConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShingleConfig:
-        """Inverse of :meth:`to_dict`; rejects a different ``hash_version``."""
-        data = dict(data)
-        version = data.pop("hash_version", HASH_VERSION)
-        if version != HASH_VERSION:
-            raise InvalidParameterError(
-                "hash_version", version, f"{HASH_VERSION} (this release's shingle hashing)"
-            )
+        """Inverse of :meth:`to_dict`; rejects a different ``hash_version``, and, as
+        :meth:`MinHashConfig.from_dict` does, a field it does not know or a missing one."""
+        if isinstance(data, Mapping):  # before the fields: a later hashing explains them
+            version = data.get("hash_version", HASH_VERSION)
+            if version != HASH_VERSION:
+                raise InvalidParameterError(
+                    "hash_version", version, f"{HASH_VERSION} (this release's shingle hashing)"
+                )
+        names = tuple(field.name for field in fields(cls))
+        data = exact_fields(data, names, "shingles", optional=("hash_version",))
+        data.pop("hash_version", None)
         return cls(**data)
+
+
+def exact_fields(
+    data: object, names: Sequence[str], name: str, optional: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``data`` as a dict of exactly ``names`` (and any of ``optional``), for a
+    ``from_dict``: a field this release does not know (a later release's, from an export
+    or a job's output) is refused rather than dropped, and a missing one rather than
+    defaulted or left to a raw ``KeyError``, so a configuration is never read as another.
+
+    Raises:
+        InvalidParameterError: ``data`` is no mapping, or its fields differ.
+    """
+    if not isinstance(data, Mapping):
+        raise InvalidParameterError(name, data, "a dict as to_dict() returns")
+    unknown = sorted(map(str, set(data) - {*names, *optional}))
+    if unknown:
+        known = ", ".join([*names, *optional])
+        raise InvalidParameterError(name, unknown, f"only {known} (a later release's?)")
+    missing = [field for field in names if field not in data]
+    if missing:
+        raise InvalidParameterError(
+            name, data, f"every one of {', '.join(names)}; {', '.join(missing)} missing"
+        )
+    return dict(data)
+
+
+def check_config(config: object) -> None:
+    """Raise :class:`InvalidParameterError` unless ``config`` is a :class:`ShingleConfig`
+    (a wrong one failed deep inside with a raw ``AttributeError``)."""
+    if not isinstance(config, ShingleConfig):
+        raise InvalidParameterError("config", config, "a ShingleConfig")
 
 
 def fold(text: str, config: ShingleConfig = ShingleConfig()) -> str:
@@ -166,7 +202,15 @@ def fold(text: str, config: ShingleConfig = ShingleConfig()) -> str:
 
 
 def normalize(text: str, config: ShingleConfig = ShingleConfig()) -> str:
-    """Apply the configured normalisation steps, in order: NFKC, casefold, collapse, strip."""
+    """Apply the configured normalisation steps, in order: NFKC, casefold, collapse, strip.
+
+    Raises:
+        InputTypeError: ``text`` is not a ``str``.
+        InvalidParameterError: ``config`` is not a :class:`ShingleConfig`.
+    """
+    if not isinstance(text, str):
+        raise InputTypeError(text)
+    check_config(config)
     text = fold(text, config)
     if config.collapse_whitespace and config.strip:
         return " ".join(text.split())
@@ -305,8 +349,7 @@ class Shingler:
     """Turns documents into 64-bit shingle hashes for one configuration and seed."""
 
     def __init__(self, config: ShingleConfig = ShingleConfig(), seed: int = 1) -> None:
-        if not isinstance(config, ShingleConfig):
-            raise InvalidParameterError("config", config, "a ShingleConfig")
+        check_config(config)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
             raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
         self.config = config
@@ -340,6 +383,8 @@ class Shingler:
         (:func:`.kernels.scratch`): for callers that are done with them before their next
         call."""
         check_batch(documents)
+        if encoding is not None:  # refused up front, even when every document is a str
+            check_encoding(encoding)
         texts = [
             fold(as_text(doc, encoding, index), self.config)
             for index, doc in enumerate(documents, start_index)

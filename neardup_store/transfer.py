@@ -20,7 +20,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgpack
 import numpy as np
@@ -34,6 +34,7 @@ from .errors import (
     NeardupError,
     OutputWriteError,
     StoreBusyError,
+    StreamReadError,
     check_flags,
     check_progress,
     path_of,
@@ -49,6 +50,7 @@ from .store import (
     batches,
     check_batch_size,
     holds_store,
+    mark,
 )
 
 if TYPE_CHECKING:
@@ -180,9 +182,24 @@ class _Counting:
         self.consumed = 0
 
     def read(self, size: int = -1) -> bytes:
-        data = self._read(size)
+        try:
+            data = self._read(size)
+        except OSError as err:  # the source's failure, typed: the stream could not be read
+            raise StreamReadError(self.consumed, err.strerror or str(err)) from err
         self.consumed += len(data)
         return data
+
+
+_SEALED_VERSION = 3
+"""The first export version whose header and records carry checksums."""
+
+
+class _Header(NamedTuple):
+    """What an export's header says, checked."""
+
+    raw_config: dict[str, Any]  # as the stream holds it, compared with a store's
+    config: MinHashConfig
+    params: dict[str, Any]  # threshold, bands, rows
 
 
 class _ExportReader:
@@ -200,10 +217,10 @@ class _ExportReader:
         except StopIteration:
             # The unpacker ends quietly on a truncated object: the byte count tells.
             if self._unpacker.tell() != self._source.consumed:
-                raise InvalidStreamError(
-                    f"the stream ends inside object #{self._position} (truncated?)"
-                ) from None
+                raise self._cut_short() from None
             raise
+        except StreamReadError:
+            raise  # a ValueError too: not to be taken for bad msgpack below
         except msgpack.BufferFull:
             raise InvalidStreamError(
                 f"object #{self._position} is larger than {codec.STREAM_MAX_OBJECT_BYTES} "
@@ -216,10 +233,13 @@ class _ExportReader:
         self._position += 1
         return item
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> _Header:
+        """The header, checked: its configuration and banding are ones a store can have."""
         try:
             header = self._next()
-        except StopIteration:
+        except StopIteration:  # msgpack can stop between a map's parts without a word
+            if self._source.consumed:
+                raise self._cut_short() from None
             raise InvalidStreamError("the stream is empty") from None
         if not isinstance(header, dict) or header.get("format") != codec.EXPORT_FORMAT:
             raise InvalidStreamError("it is not a neardup_store export (no export header)")
@@ -230,10 +250,40 @@ class _ExportReader:
                 f"{readable}: import with the release that wrote it"
             )
         self._version = header["version"]
+        if self._version >= _SEALED_VERSION:
+            header = self._unsealed(header.get("body"), header.get("checksum"), "its header")
+            if not isinstance(header, dict):
+                raise InvalidStreamError("its header's body is not a map")
         for name in ("config", "banding"):
             if not isinstance(header.get(name), dict):
                 raise InvalidStreamError(f"the header's {name!r} is not a map")
-        return header
+        banding = header["banding"]
+        try:  # a bad header is a stream error, not a parameter error
+            config = MinHashConfig.from_dict(header["config"])
+            params = {name: banding[name] for name in ("threshold", "bands", "rows")}
+            LSHParams(params["bands"], params["rows"]).check_fits(config.num_perm)
+            valid_threshold(params["threshold"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise InvalidStreamError(f"the header's parameters do not decode ({err})") from None
+        return _Header(header["config"], config, params)
+
+    def _cut_short(self) -> InvalidStreamError:
+        """The stream ended inside the object it was reading."""
+        where = "its header" if self._position == 0 else f"object #{self._position}"
+        return InvalidStreamError(
+            f"the stream ends inside {where}: the export was cut short (it failed or was "
+            "interrupted); export again"
+        )
+
+    @staticmethod
+    def _unsealed(body: object, checksum: object, what: str) -> Any:
+        try:
+            return codec.unsealed(body, checksum)
+        except ValueError as err:
+            raise InvalidStreamError(
+                f"{what} is damaged ({err}): the file changed after it was written; "
+                "export again from the store"
+            ) from None
 
     def records(self, num_perm: int) -> Iterator[_Record]:
         """The records, checked; the trailer (from version 2) must end the stream."""
@@ -252,6 +302,12 @@ class _ExportReader:
             if isinstance(item, dict) and self._version > 1:
                 self._check_trailer(item, number)
                 return
+            if self._version >= _SEALED_VERSION:
+                if not isinstance(item, list) or len(item) != 2:
+                    raise InvalidStreamError(
+                        f"object #{number} is neither a [body, checksum] record nor the end marker"
+                    )
+                item = self._unsealed(*item, f"record #{number}")
             yield _check_record(item, number, num_perm)
 
     def _check_trailer(self, trailer: dict[Any, Any], number: int) -> None:
@@ -297,10 +353,10 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def _check_config(store: Store, header: dict[str, Any]) -> None:
+def _check_config(store: Store, header: _Header) -> None:
     # Both sides through msgpack, so tuples and lists compare equal as they would on disk.
     mine = _flatten(codec.unpack_meta(codec.pack_meta(store.config.to_dict())))
-    theirs = _flatten(header["config"])
+    theirs = _flatten(header.raw_config)
     differs = {
         name: (mine.get(name), theirs.get(name))
         for name in sorted(mine.keys() | theirs.keys())
@@ -325,7 +381,8 @@ def _import_records(
 ) -> int:
     total, committed = 0, _Committed()
     # Each batch is read (and validated) whole before its transaction begins. An error,
-    # the stream's or a document's, carries how many records earlier batches committed.
+    # the stream's, a document's or the progress callback's, carries how many records
+    # earlier batches committed.
     records = batches(reader.records(store.config.num_perm), next_size)
     with committed.stamped():
         for batch in records:
@@ -362,7 +419,8 @@ def import_(
         The number of documents imported.
 
     Raises:
-        InvalidStreamError: not an export, another configuration, or a bad record.
+        InvalidStreamError: not an export, another configuration, or a bad record;
+            :class:`StreamReadError` (also an ``OSError``) if reading the stream failed.
         DuplicateKeyError: a key is already stored (or repeats) and ``replace`` is false.
         ReadOnlyError: the store is open read-only.
     """
@@ -407,15 +465,7 @@ def create_from_export(
     _refuse_a_store_at(path)
     _check_binary(stream, "rb")
     reader = _ExportReader(stream)
-    header = reader.header()
-    banding = header["banding"]
-    try:  # validated here so that a bad header is a stream error, not a parameter error
-        config = MinHashConfig.from_dict(header["config"])
-        params = {name: banding[name] for name in ("threshold", "bands", "rows")}
-        LSHParams(params["bands"], params["rows"]).check_fits(config.num_perm)
-        valid_threshold(params["threshold"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise InvalidStreamError(f"the header's parameters do not decode ({err})") from None
+    _, config, params = reader.header()
     made = _first_missing(Path(path))  # the directory the store's creation makes first
     store = Store.open(
         path,
@@ -435,12 +485,14 @@ def create_from_export(
         store.close()
         if store.created_here:  # not a store another process made at the path meanwhile
             _delete_created(Path(path), made)
-            # A Ctrl-C carries the batches' note too: none of it is true of a deleted store.
-            if isinstance(error, NeardupError | KeyboardInterrupt) and getattr(
-                error, "committed", None
-            ):
-                error.committed = 0  # type: ignore[union-attr]  # deleted with the store
-                error.__notes__ = ["the store this call created was deleted: nothing of it is left"]
+            # Whatever ended it carries the batches' note: none of it is true of a deleted store.
+            if getattr(error, "committed", None):
+                mark(error, "committed", 0)  # deleted with the store
+                mark(
+                    error,
+                    "__notes__",
+                    ["the store this call created was deleted: nothing of it is left"],
+                )
         raise
     return store
 

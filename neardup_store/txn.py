@@ -28,12 +28,16 @@ import xxhash
 
 from . import _faults, codec
 from .errors import (
+    BAD_ID_ADVICE,
+    PURGE_ADVICE,
     CorruptRecordError,
+    DocumentError,
     DuplicateKeyError,
     ForkedStoreError,
     IdsExhaustedError,
     InvalidParameterError,
     KeyNotFoundError,
+    MetadataError,
     NeardupError,
     StoreClosedError,
     TransactionAbortedError,
@@ -44,7 +48,7 @@ from .errors import (
 )
 from .lsh import band_keys
 from .similarity import hashed_jaccard
-from .text import check_batch, single_document
+from .text import ShingleBatch, Shingler, check_batch, single_document
 
 if TYPE_CHECKING:
     from .band_cache import CacheLookup
@@ -58,6 +62,8 @@ SIGNATURE_ITEMS = ("(key, signature) items", "add(key, signature=...)")
 UNIQUE_TEXT_ITEMS = ("(key, text) items", "add_if_unique()")
 UNIQUE_SIGNATURE_ITEMS = ("(key, signature) items", "add_if_unique(key, signature=...)")
 KEYS = ("keys", "remove()")
+UNIQUE_STORED_KEY = "the *_if_unique calls never overwrite a stored key: remove it first"
+"""What to do about a stored key in a call that takes no ``replace``."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +280,8 @@ class ReadTxn:
         with txn.cursor(db=self._store._docs_db) as cursor:
             step = cursor.first if after is None else (lambda: cursor.set_range(after))
             while True:
+                if self._store._forked():  # each step: the iterator may cross a fork()
+                    raise ForkedStoreError(str(self._store.path))
                 try:
                     found = step()
                     if found and after is not None and cursor.key() == after:
@@ -354,6 +362,8 @@ class ReadTxn:
             check_batch(documents, "documents", "query()")
             texts = list(documents) if exact is not None else documents
             sigs = self._store.hasher.signatures(texts, encoding)
+        elif isinstance(signatures, (list, tuple)) and not signatures:
+            return []  # as every batch call answers an empty batch (no shape to check)
         else:
             sigs = self._store._check_signatures(signatures)
             texts = None
@@ -470,7 +480,7 @@ class ReadTxn:
                 doc_id: self._key_of(doc_id, records) for found in scored for doc_id, _ in found
             }
             order = {doc_id: n for n, doc_id in enumerate(keys)}
-            theirs = shingler.hash_batch([source(key) for key in keys.values()]) if keys else None
+            theirs = _source_shingles(shingler, source, list(keys.values())) if keys else None
             for query, found_ids in enumerate(scored):
                 found = []
                 for doc_id, score in found_ids:
@@ -1030,13 +1040,25 @@ class WriteTxn(ReadTxn):
         doc_id = self._allocate_id() if doc_id is None else doc_id
         record = codec.encode_record(doc.raw_key, doc.is_str, doc.signature, doc.metadata)
         with self._writing():
-            txn.put(doc_id, record, db=store._docs_db, append=True)
+            self._check_appended(txn.put(doc_id, record, db=store._docs_db, append=True), 1)
             txn.put(doc.index, doc_id, db=store._keys_db)
             _faults.checkpoint("after-put")
             for band, band_key in enumerate(doc.band_keys):
                 entry = store._band_layout.entry(band_key, doc_id)
                 txn.put(*entry, db=store._band_dbs[band], dupdata=True)
             _faults.checkpoint("after-bands")
+
+    def _check_appended(self, added: int, wanted: int) -> None:
+        """Raise (inside :meth:`_writing`, so the block cannot commit) if LMDB refused to
+        append new records: only a key sorting after every id it hands out can be in
+        their way, damage that would otherwise leave their keys pointing at nothing."""
+        if added == wanted:
+            return
+        with self._live.cursor(db=self._store._docs_db) as cursor:
+            last = bytes(cursor.key()) if cursor.last() else b""
+        raise CorruptRecordError(
+            None, f"it is stored under {last!r}, past every id new records take", BAD_ID_ADVICE
+        )
 
     def _insert_new(self, docs: _PreparedBatch) -> int:
         """Insert documents whose keys are known to be new, one sorted multi-put per table.
@@ -1054,7 +1076,8 @@ class WriteTxn(ReadTxn):
         indexes = sorted(zip(docs.indexes, ids, strict=True))
         with self._writing():
             with txn.cursor(db=store._docs_db) as cursor:
-                cursor.putmulti(zip(ids, records, strict=True), append=True)
+                _, added = cursor.putmulti(zip(ids, records, strict=True), append=True)
+            self._check_appended(added, len(docs))
             with txn.cursor(db=store._keys_db) as cursor:
                 cursor.putmulti(indexes)
             _faults.checkpoint("after-put")
@@ -1119,7 +1142,10 @@ class WriteTxn(ReadTxn):
             rows = [(bytes(k), bytes(v)) for k, v in itertools.islice(cursor, limit)]
         if not rows:
             return 0
-        doomed = self._band_entries_of(rows)
+        try:
+            doomed = self._band_entries_of(rows)
+        except CorruptRecordError as err:  # its document is removed: no key can name it now
+            raise CorruptRecordError(err.doc_id, err.reason, PURGE_ADVICE) from None
         with self._writing():
             self._delete_band_entries(doomed)
             self._delete_sorted(removed, ((doc_id, None) for doc_id, _ in rows))
@@ -1235,8 +1261,9 @@ class WriteTxn(ReadTxn):
         """The signatures of ``(key, signature, metadata)`` items as one checked matrix."""
         return self._store._check_signatures([sig for _, sig, _ in batch])
 
-    def _check_new_keys(self, batch: _PreparedBatch) -> None:
-        """DuplicateKeyError before any write if a key repeats in the batch or is stored."""
+    def _check_new_keys(self, batch: _PreparedBatch, advice: str | None = None) -> None:
+        """DuplicateKeyError before any write if a key repeats in the batch or is stored
+        (``advice`` for a stored key: that of a call without ``replace``)."""
         seen = set(batch.indexes)
         if len(seen) < len(batch):
             seen.clear()
@@ -1249,7 +1276,8 @@ class WriteTxn(ReadTxn):
             stored = {bytes(index) for index, _ in cursor.getmulti(sorted(seen))}
         if stored:
             raise DuplicateKeyError(
-                next(k for k, i in zip(batch.keys, batch.indexes, strict=True) if i in stored)
+                next(k for k, i in zip(batch.keys, batch.indexes, strict=True) if i in stored),
+                advice=advice,
             )
 
     def _remove_one(self, key: Key, missing_ok: bool) -> bool:
@@ -1309,13 +1337,14 @@ class WriteTxn(ReadTxn):
         (and the candidate lookups that find them). :meth:`Store.purge` purges all.
         """
         self._store._check_writable()
-        if limit is not None and not (type(limit) is int and limit > 0):
+        count = None if limit is None else integer(limit)
+        if limit is not None and not (count is not None and count > 0):
             raise InvalidParameterError("limit", limit, "a positive number of documents, or None")
-        return int(self._run(self._purge, limit))
+        return int(self._run(self._purge, count))
 
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:
         if self._live.get(doc.index, db=self._store._keys_db) is not None:
-            raise DuplicateKeyError(doc.key)
+            raise DuplicateKeyError(doc.key, advice=UNIQUE_STORED_KEY)
         matches = self._query_one(doc.signature, threshold, None)
         if matches:
             return UniqueResult(doc.key, False, matches)
@@ -1378,14 +1407,14 @@ class WriteTxn(ReadTxn):
 
     def _add_unique_prepared(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
         if not batch:
-            self._check_new_keys(batch)
+            self._check_new_keys(batch)  # (an empty batch: only that the block is open)
             return []
         return self._run(self._add_unique_checked, batch, threshold)  # type: ignore[no-any-return]
 
     def _add_unique_checked(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
         """:meth:`_add_unique_batch` after the key check, as one logged operation (see
         :meth:`_insert_checked`)."""
-        self._check_new_keys(batch)
+        self._check_new_keys(batch, UNIQUE_STORED_KEY)
         return self._add_unique_batch(batch, threshold)
 
     def _add_unique_batch(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
@@ -1483,6 +1512,24 @@ def _shares_a_bucket(kept: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
     return shared
 
 
+def _source_shingles(
+    shingler: Shingler, source: Callable[[Key], str], keys: list[Key]
+) -> ShingleBatch:
+    """The shingles of the text ``exact=`` gives for each stored key. A text it cannot give
+    is the source's fault, named by the stored key: not the fault of the caller's query
+    document, as the batch code's own error would have it (review 22)."""
+    texts = [source(key) for key in keys]
+    try:
+        return shingler.hash_batch(texts)
+    except DocumentError as err:
+        position = err.index or 0
+        raise InvalidParameterError(
+            f"exact({keys[position]!r})",
+            texts[position],
+            f"the stored document's text, a str with shingles ({type(err).__name__})",
+        ) from None
+
+
 def prepare_batch(
     store: Store,
     items: Sequence[tuple[object, object, object]],
@@ -1493,7 +1540,12 @@ def prepare_batch(
     batch of ``(key, text, metadata)`` items. Reads nothing from the tables, so it can run
     outside a write transaction."""
     checked = [codec.key_bytes(key) for key, _, _ in items]
-    metadata = [codec.pack_metadata(meta) for _, _, meta in items]
+    metadata = []
+    for index, (key, _, meta) in enumerate(items):
+        try:
+            metadata.append(codec.pack_metadata(meta))
+        except MetadataError as err:  # named, as a bad key or text is (review 22)
+            raise MetadataError(err.reason, key=_frozen_key(key), index=index) from None
     if signatures is None:
         signatures = store.hasher.signatures([text for _, text, _ in items], encoding)
     return _PreparedBatch(

@@ -127,10 +127,15 @@ def export_bytes(path: Path) -> bytes:
 
 
 def _header(**changes: Any) -> bytes:
-    data = msgpack.Unpacker(io.BytesIO(export_bytes_cached()), raw=False)
-    header = next(data)
-    header.update(changes)
-    return msgpack.packb(header, use_bin_type=True)
+    """The standard store's export header, its sealed fields changed by ``changes``."""
+    fields = {**codec.unsealed(*_sealed_fields()), **changes}
+    return codec.export_header(fields["config"], fields["banding"], fields["package_version"])
+
+
+def _sealed_fields() -> tuple[bytes, int]:
+    """The sealed body and checksum of the standard store's export header."""
+    header = next(msgpack.Unpacker(io.BytesIO(export_bytes_cached()), raw=False))
+    return header["body"], header["checksum"]
 
 
 _EXPORT: list[bytes] = []
@@ -151,7 +156,12 @@ def crafted_stream(*records: bytes, trailer: bytes | None = None) -> Callable[[]
 
 
 def _record(key: Any, signature: Any, metadata: Any = None) -> bytes:
-    return msgpack.packb([key, signature, metadata], use_bin_type=True)
+    return codec.export_item(key, signature, metadata)
+
+
+def _sealed_object(value: Any) -> bytes:
+    """``value`` as a record of an export stream would carry it: sealed, right or not."""
+    return msgpack.packb(list(codec.sealed(value)), use_bin_type=True)
 
 
 GOOD_SIG_BYTES = good_signature().astype("<u4").tobytes()
@@ -159,12 +169,42 @@ STREAMS: dict[str, tuple[Callable[[], bytes], str]] = {
     "empty stream": (lambda: b"", "the stream is empty"),
     "random bytes": (lambda: random.Random(7).randbytes(4096), "not"),
     "a msgpack value that is no header": (lambda: msgpack.packb([1, 2, 3]), "no export header"),
-    "unknown export version": (lambda: _header(version=99), "export version 99"),
+    "unknown export version": (
+        lambda: msgpack.packb({"format": codec.EXPORT_FORMAT, "version": 99}),
+        "export version 99",
+    ),
     "config of another store": (
-        lambda: _header(config={**msgpack.unpackb(_header())["config"], "seed": 2}),
+        lambda: _header(config={**codec.unsealed(*_sealed_fields())["config"], "seed": 2}),
         "another configuration",
     ),
-    "record of wrong arity": (crafted_stream(msgpack.packb(["new-1", GOOD_SIG_BYTES])), "record"),
+    "header with a threshold no store can have": (
+        lambda: _header(banding={**codec.unsealed(*_sealed_fields())["banding"], "threshold": 2}),
+        "parameters do not decode",
+    ),
+    "header whose body does not match its checksum": (
+        lambda: msgpack.packb(
+            {
+                "format": codec.EXPORT_FORMAT,
+                "version": codec.EXPORT_VERSION,
+                "body": _sealed_fields()[0].replace(b"threshold", b"threshol\xe4"),
+                "checksum": _sealed_fields()[1],
+            }
+        ),
+        "its header is damaged",
+    ),
+    "header cut short": (lambda: _header()[:30], "ends inside its header"),
+    "record of wrong arity": (
+        crafted_stream(_sealed_object(["new-1", GOOD_SIG_BYTES])),
+        "not a [key, signature, metadata] record",
+    ),
+    "record whose body does not match its checksum": (
+        crafted_stream(_record("new-1", GOOD_SIG_BYTES).replace(b"new-1", b"new-2")),
+        "record #1 is damaged (its checksum does not match",
+    ),
+    "a bare record in a stream of sealed ones": (
+        crafted_stream(msgpack.packb(["new-1", GOOD_SIG_BYTES, None], use_bin_type=True)),
+        "neither a [body, checksum] record",
+    ),
     "record with a short signature": (
         crafted_stream(_record("new-1", GOOD_SIG_BYTES[:-4])),
         f"expected {4 * NUM_PERM}",
@@ -477,6 +517,18 @@ CASES: list[Case] = [
          lambda t: t.add("new", TEXT, metadata="x" * 70_000)),
     Case("metadata map with int keys", "add", MetadataError, "would not read back",
          lambda t: t.add("new", TEXT, metadata={1: "a"})),
+    # the item a batch's bad metadata belongs to was not named (review 22)
+    Case("bad metadata in a batch", "add_many", MetadataError,
+         "item #1 (key 'new-2') metadata rejected",
+         lambda t: t.add_many([("new-1", TEXT), ("new-2", OTHER, {1, 2})])),
+    Case("bad metadata in a batch of signatures", "add_signatures", MetadataError,
+         "item #0 (key b'new') metadata rejected",
+         lambda t: t.add_signatures_if_unique([(b"new", good_signature(), object())])),
+    # the *_if_unique calls advised replace=True, which none of them takes (review 22)
+    Case("add_if_unique of a stored key", "add", DuplicateKeyError,
+         "never overwrite a stored key: remove it first", lambda t: t.add_if_unique("alpha", TEXT)),
+    Case("add_many_if_unique of a stored key", "add_many", DuplicateKeyError,
+         "never overwrite a stored key", lambda t: t.add_many_if_unique([(b"beta", TEXT)])),
     # signatures
     Case("signature one value short", "add", InvalidParameterError, f"(n, {NUM_PERM})",
          lambda t: t.add("new", signature=good_signature()[:-1])),
@@ -530,6 +582,12 @@ CASES: list[Case] = [
          lambda store: store.export(io.StringIO()), in_write=False),
     Case("exact given as a string", "query", InvalidParameterError, "a function from a stored",
          lambda t: t.query(TEXT, exact="texts.jsonl")),
+    # The source's bad text was blamed on the caller's query, "document #0" (review 22).
+    Case("exact giving no text for a stored key", "query", InvalidParameterError,
+         "exact('alpha')=None is not valid", lambda t: t.query(SEEDED[0][1], exact=lambda k: None)),
+    Case("exact giving an empty text in a batch", "query", InvalidParameterError,
+         "exact('alpha')='' is not valid",
+         lambda t: t.query_many([TEXT, SEEDED[0][1]], exact=lambda k: "")),
     Case("export to a path", "export", InvalidParameterError, "open the file with 'wb'",
          lambda store: store.export("corpus.export"), in_write=False),  # type: ignore[arg-type]
     Case("import from a path", "import", InvalidParameterError, "open the file with 'rb'",

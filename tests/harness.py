@@ -10,6 +10,8 @@
   (neither a stored one nor one in ``removed``, awaiting a purge).
 * :class:`Model` is an in-memory reference: the documents a store should hold and the
   band entries and query answers that follow from them, computed without the store.
+* :func:`older_export` rewrites an export as an earlier release wrote it (versions 1
+  and 2: nothing sealed; version 1 without the end marker).
 * :func:`consistency_problems` checks, inside one read transaction of an open store, that
   its tables agree with each other (counts, keys, band entries against signatures);
   :func:`spread_consistency_problems` is the same check spread over several transactions.
@@ -22,6 +24,7 @@ processes may hold it open.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -391,3 +394,16 @@ class LineDrivenProcess:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.communicate("quit\n", timeout=self.timeout)
+
+
+def older_export(data: bytes, version: int) -> bytes:
+    """An export stream of this release (version 3) as version ``version`` (1 or 2) holds
+    the same documents: its header's fields and each record bare, without checksums, and
+    for version 1 no end marker."""
+    header, *records, trailer = msgpack.Unpacker(io.BytesIO(data), raw=False)
+    fields = codec.unsealed(header["body"], header["checksum"])
+    parts = [msgpack.packb({"format": codec.EXPORT_FORMAT, "version": version, **fields})]
+    parts += [msgpack.packb(codec.unsealed(*record), use_bin_type=True) for record in records]
+    if version > 1:
+        parts.append(msgpack.packb(trailer))
+    return b"".join(parts)

@@ -140,6 +140,19 @@ def test_document_shorter_than_k_is_one_shingle_not_an_error(store: Store, text:
     assert store.query(text + "z") == []  # not a prefix match: another single shingle
 
 
+def test_an_empty_batch_of_signatures_is_answered_and_numpy_limits_are_taken(
+    store: Store,
+) -> None:
+    """query_many(signatures=[]) was refused as 'a float64 array of shape (0,)' where every
+    other batch call answers an empty batch, and purge(limit=np.int64(1)) as 'not a
+    positive number' (review 22)."""
+    assert store.query_many(signatures=[]) == [] == store.query_many([])
+    store.remove_many(["alpha", "gamma"])
+    with store.write() as txn:
+        assert txn.purge(limit=np.int64(1)) == 1
+        assert txn.awaiting_purge() == 1
+
+
 def test_empty_documents_get_the_empty_signature_when_allowed(tmp_path: Path) -> None:
     shingles = ShingleConfig(allow_empty=True)
     with Store.open(tmp_path / "s", create=True, shingles=shingles, **PARAMS) as store:
@@ -458,7 +471,7 @@ def test_extension_types_import_as_inert_data(tmp_path: Path) -> None:
     from bad_input_cases import GOOD_SIG_BYTES, crafted_stream
 
     payload = msgpack.ExtType(5, b"\x80\x04 would be a pickle")
-    record = msgpack.packb(["new-1", GOOD_SIG_BYTES, payload], use_bin_type=True)
+    record = codec.export_item("new-1", GOOD_SIG_BYTES, payload)
     make_store(tmp_path / "s")
     with Store.open(tmp_path / "s") as store:
         assert store.import_(io.BytesIO(crafted_stream(record)())) == 1

@@ -361,7 +361,11 @@ def test_query_input_errors_exit_2(runner: CliRunner, store_path: Path, tmp_path
     )
     assert _run(runner, "query", store_path, "--file", bad, "--encoding", "latin-1").exit_code == 0
     missing = _run(runner, "query", store_path, "--file", tmp_path / "nope.txt")
-    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert missing.exit_code == 2
+    assert (
+        missing.output
+        == f"Error: {tmp_path / 'nope.txt'}: cannot read (No such file or directory)\n"
+    )
     both = _run(runner, "query", store_path, "--text", "a", "--file", bad)
     assert both.exit_code == 2 and "exactly one of --text, --file or --jsonl" in both.output
     high = _run(runner, "query", store_path, "--text", "some text", "--threshold", "1.5")
@@ -1271,14 +1275,15 @@ def test_a_failed_import_says_what_earlier_batches_committed(
         source.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
         stream = io.BytesIO()
         source.export(stream)
-    bad = msgpack.packb(["bad", b"\x00" * 3, None], use_bin_type=True)
+    bad = codec.export_item("bad", b"\x00" * 3, None)
     data = stream.getvalue()[: -len(codec.export_trailer(250))] + bad + codec.export_trailer(251)
     target = tmp_path / "target.ndx"
     Store.open(target, create=True, num_perm=32).close()
     result = _run(runner, "import", "-", target, input=data)
     assert result.exit_code == 2
     assert result.output.splitlines()[-1] == (
-        "earlier batches committed the first 200 items; resume from item #200"
+        "earlier batches committed the first 200 items; to finish, run the same import "
+        "again with --replace, from a whole export"
     )
     with Store.open(target) as opened:
         assert len(opened) == 200
@@ -1313,7 +1318,8 @@ def test_ctrl_c_during_import_exits_130_and_says_what_was_committed(tmp_path: Pa
     assert process.returncode == 130, err
     assert err.decode().splitlines()[-2:] == [
         "interrupted",
-        "earlier batches committed the first 10000 items; resume from item #10000",
+        "earlier batches committed the first 10000 items; to finish, run the same import "
+        "again with --replace, from a whole export",
     ]
     with Store.open(target) as opened:
         assert len(opened) == 10_000 and opened.check().ok
@@ -1482,19 +1488,29 @@ def test_a_full_stdout_is_one_error_line_with_exit_2(
     assert done.stderr.splitlines() == ["Error: stdout: No space left on device"]
 
 
-@_needs_dev_full
 @pytest.mark.parametrize("output", ["--keep", "--dropped"])
 def test_dedup_output_that_cannot_be_written_says_what_was_committed(
-    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], output: str
+    tmp_path: Path, output: str
 ) -> None:
-    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    """A full disk, as a file-size limit: the new store stays under it, the lines going to
+    ``output`` (12 of 60 kB) pass it. (/dev/full, a device, is refused up front now.)"""
+    archive = tmp_path / "a.jsonl"
+    with archive.open("w", encoding="utf-8") as out:
+        for i in range(13):  # 13 documents kept, or one kept and 12 exact copies dropped
+            text = " ".join(f"w{i if output == '--keep' else 0}x{j}" for j in range(12))
+            pad = "x" * 60_000 if i or output == "--keep" else ""
+            out.write(json.dumps({"id": f"k{i}", "text": text, "pad": pad}) + "\n")
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, resource.RLIM_INFINITY))
+
     args = _dedup_args(archive, tmp_path)
-    args[args.index(output) + 1] = _FULL
-    result = _run(runner, *args, "--json")
-    assert result.exit_code == 2, result.output
-    assert result.stdout == ""
-    assert result.stderr.splitlines() == [
-        f"Error: {_FULL}: No space left on device",
+    done = _admin(*args, "--json", stdout=subprocess.PIPE, preexec_fn=small_files)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"Error: {args[args.index(output) + 1]}: File too large",
         "nothing of this batch was committed, any batches before it were: once the file "
         "can be written, run the same command again to resume after them",
     ]
@@ -1613,3 +1629,174 @@ def test_remove_from_a_key_file_with_a_byte_order_mark(runner: CliRunner, tmp_pa
     assert result.exit_code == 0, result.output
     with Store.open(store, read_only=True) as opened:
         assert list(opened) == []
+
+
+# -- review 20 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clash", ["the store's data file", "the input", "a link to the input"])
+def test_add_refuses_a_report_that_is_the_store_or_an_input_before_opening_it(
+    runner: CliRunner, store_path: Path, tmp_path: Path, clash: str
+) -> None:
+    """add --report was opened (emptied) at parse time: --report STORE/data.mdb wiped every
+    committed document, --report INPUT emptied the input and exited 0 (review 20)."""
+    archive = _archive(tmp_path / "a.jsonl", {"new": "a new document with some words in it"})
+    report = {
+        "the store's data file": store_path / "data.mdb",
+        "the input": archive,
+        "a link to the input": tmp_path / "link.jsonl",
+    }[clash]
+    if clash == "a link to the input":
+        report.symlink_to(archive)
+    data, before = (store_path / "data.mdb").read_bytes(), archive.read_bytes()
+    result = _run(runner, "add", store_path, archive, "--jsonl", "--report", report)
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    expected = "outside the store's directory" if "store" in clash else "other than the input"
+    assert line.startswith("Error: report=") and line.endswith(expected)
+    assert (store_path / "data.mdb").read_bytes() == data and archive.read_bytes() == before
+
+
+@pytest.mark.parametrize("rerun", ["the same command", "another threshold"])
+def test_dedup_refuses_to_resume_a_job_whose_store_is_gone(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], rerun: str
+) -> None:
+    """With the store deleted, a rerun resumed against a new empty store and kept copies of
+    what it had kept; a rerun with another threshold was refused only after creating that
+    store, which stayed (review 20). Now refused, and nothing is created."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = _dedup_args(archive, tmp_path)
+    assert _run(runner, *args).exit_code == 0
+    store = tmp_path / "d.ndx"
+    for name in os.listdir(store):
+        (store / name).unlink()
+    store.rmdir()
+    with archive.open("a", encoding="utf-8") as out:  # a copy of a kept document
+        out.write(json.dumps({"id": "copy", "text": near_dup_corpus["unrelated"]}) + "\n")
+    if rerun == "another threshold":
+        args[args.index("--threshold") + 1] = 0.9
+    outputs = {name: (tmp_path / name).read_bytes() for name in ["k.jsonl", "x.jsonl"]}
+    result = _run(runner, *args)
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    sidecar = tmp_path / "k.jsonl.progress.json"
+    assert line.startswith(f"Error: {sidecar}: ")
+    if rerun == "the same command":
+        assert "committed batch of a job on the store" in line
+        assert "restore that store" in line and "delete the progress file" in line
+    else:
+        assert "differs in threshold" in line
+    assert not store.exists()
+    assert outputs == {name: (tmp_path / name).read_bytes() for name in outputs}
+
+
+@pytest.mark.parametrize("output", ["--keep", "--dropped"])
+def test_dedup_refuses_an_output_that_is_no_regular_file_before_creating_a_store(
+    runner: CliRunner, tmp_path: Path, near_dup_corpus: dict[str, str], output: str
+) -> None:
+    """--keep /dev/null failed at the first batch with "Invalid argument" (fsync on a
+    device), advice to rerun that could never work, and a new store left (review 20)."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = _dedup_args(archive, tmp_path)
+    args[args.index(output) + 1] = os.devnull
+    result = _run(runner, *args)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {output[2:]}='{os.devnull}' is not valid: expected a regular file (a "
+        "resumed job cuts it back to the size it records)\n"
+    )
+    assert not (tmp_path / "d.ndx").exists()
+
+
+def test_a_cut_short_import_into_a_store_says_how_to_finish_it_and_that_works(
+    runner: CliRunner, store_path: Path, tmp_path: Path
+) -> None:
+    """The note said "resume from item #N", which no command can do, and the docs said a
+    cut-short export is not imported in part (review 20). The note's advice now works."""
+    from neardup_store import store as store_module
+
+    with Store.open(store_path) as source:
+        export = io.BytesIO()
+        source.export(export)
+    whole = export.getvalue()
+    target = tmp_path / "target.ndx"
+    Store.open(target, create=True, threshold=0.7).close()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "MIN_TRANSACTION", 2)
+        result = _run(runner, "import", "-", target, input=whole[: len(whole) - 20])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1].endswith(
+        "; to finish, run the same import again with --replace, from a whole export"
+    )
+    with Store.open(target) as opened:
+        assert 0 < len(opened) < 5  # earlier batches stay, as import --help says
+    assert "stay committed" in " ".join(_run(runner, "export", "--help").output.split())
+    again = _run(runner, "import", "-", target, "--replace", input=whole)
+    assert again.exit_code == 0, again.output
+    with Store.open(target) as opened, Store.open(store_path) as source:
+        assert sorted(opened) == sorted(source) and opened.check().ok
+
+
+def test_export_to_a_closed_stdout_is_one_error_line(store_path: Path) -> None:
+    """``export STORE - >&-`` died with an AttributeError traceback, exit 1 (review 20)."""
+    done = _admin("export", store_path, "-", preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr
+        == "Error: stdout: closed, so there is nowhere to write; name a file instead of -\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["import", "{missing}", "{tmp}/new.ndx"], ["query", "{store}", "--jsonl", "{missing}"],
+     ["query", "{store}", "--text", "some words", "--exact", "{missing}"],
+     ["query", "{store}", "--file", "{missing}"], ["remove", "{store}", "--from-file", "{missing}"],
+     ["add", "{store}", "{missing}", "--report", "{tmp}/no/dir/r.jsonl"],
+     ["dedup", "{missing}", "--store", "{tmp}/d.ndx", "--keep", "{tmp}/k", "--dropped", "{tmp}/x"]],
+)  # fmt: skip
+def test_a_file_that_cannot_be_opened_is_one_error_line(
+    runner: CliRunner, store_path: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """README: a file that cannot be opened is one Error: line; these parameters gave
+    Click's usage block (Usage:, Try --help, a blank line, Error:) (review 20)."""
+    names = {"missing": tmp_path / "missing.jsonl", "tmp": tmp_path, "store": store_path}
+    result = _run(runner, *(part.format(**names) for part in command))
+    assert result.exit_code == 2
+    [line] = result.output.splitlines()
+    assert line.startswith("Error: ") and "Usage" not in line
+    assert "missing.jsonl" in line or "r.jsonl" in line
+    assert not (tmp_path / "new.ndx").exists() and not (tmp_path / "d.ndx").exists()
+
+
+def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
+    """The docs/s of a resumed dedup divided every line of the job, earlier runs' too, by
+    this run's time (review 20): it now says which line this run began after."""
+    import pty
+
+    archive = tmp_path / "a.jsonl"
+    archive.write_text(
+        "".join(json.dumps({"id": f"k{i}", "text": f"document {i} " * 8}) + "\n" for i in range(40))
+    )
+    args = [*_dedup_args(archive, tmp_path), "--batch-size", 10]
+    assert _admin(*args).returncode == 0
+    with archive.open("a") as out:
+        out.write(
+            "".join(json.dumps({"id": f"n{i}", "text": f"new {i} " * 8}) + "\n" for i in range(20))
+        )
+    leader, follower = pty.openpty()
+    command = [sys.executable, "-m", "neardup_store", *map(str, args)]
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other end is closed: all is read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert done.returncode == 0
+    assert b"60 docs, " in shown and b" docs/s since line 40, " in shown

@@ -105,3 +105,24 @@ def test_verified_pairs_bucket_by_the_band_key_bits_a_store_keeps(tmp_path: Path
         assert [(p.first, p.second) for p in store.pairs()] == [("A", "B")]
     pairs, scores = verified_pairs(sigs, params, 0.5)
     assert pairs.tolist() == [[0, 1]] and scores.tolist() == [0.5]
+
+
+_SIGS = np.random.default_rng(0).integers(0, 3, (10, 8)).astype(np.uint32)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: verified_pairs(_SIGS[0], LSHParams(4, 2), 0.5),
+        lambda: duplicate_groups(_SIGS[0], LSHParams(4, 2), 0.5),
+        lambda: duplicate_groups(_SIGS, LSHParams(4, 2), 0.5, seed="x"),
+        lambda: connected_components(3, np.array([[0.0, 1.0]])),
+        lambda: connected_components(3, None),
+        lambda: connected_components("3", np.array([[0, 1]])),
+    ],
+)
+def test_cluster_helpers_refuse_wrong_inputs_with_a_typed_error(call: object) -> None:
+    """numpy's AxisError/IndexError and a raw TypeError escaped for wrong inputs (review 22)."""
+    with pytest.raises(InvalidParameterError):
+        call()  # type: ignore[operator]
+    assert connected_components(np.int64(3), []).tolist() == [0, 1, 2]

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from harness import consistency_problems
 
+from neardup_store import codec
 from neardup_store.errors import ForkedStoreError
 from neardup_store.store import STALE_READER_CHECK_S, Store
 
@@ -318,7 +319,7 @@ def _exported(store: Store) -> tuple[set[str], bool]:
     stream = _SlowStream()
     store.export(stream)
     objects = list(msgpack.Unpacker(io.BytesIO(stream.getvalue()), raw=False))
-    records = objects[1:-1]  # between the header and the end marker
+    records = [codec.unsealed(*sealed) for sealed in objects[1:-1]]  # header ... end marker
     assert objects[-1] == {"end": "neardup_store-export", "documents": len(records)}
     keys = {key for key, _, _ in records}
     signed = all(

@@ -706,3 +706,39 @@ def _stop_at(batches: int) -> Any:
             raise KeyboardInterrupt
 
     return stop
+
+
+def test_check_dedup_paths_refuses_a_job_whose_store_is_gone_and_device_outputs(
+    tmp_path: Path, archive: Path
+) -> None:
+    """A progress file with committed batches was resumed against whatever store the
+    caller made anew, and a device as an output was accepted (review 20)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    store_dir = tmp_path / "gone"
+    with Store.open(store_dir, create=True, threshold=0.7) as store:
+        _dedup(store, archive, out, batch_size=16)
+    for name in os.listdir(store_dir):
+        (store_dir / name).unlink()
+    keep, dropped = out / "keep.jsonl", out / "dropped.jsonl"
+    with pytest.raises(DedupStateError, match=r"committed batch.* which is not there"):
+        ingest_module.check_dedup_paths(archive, keep, dropped, store_dir)
+    with pytest.raises(DedupStateError, match="differs in threshold"):
+        ingest_module.check_dedup_paths(archive, keep, dropped, store_dir, threshold=0.9)
+    with pytest.raises(InvalidParameterError, match="expected a regular file"):
+        ingest_module.check_dedup_paths(archive, os.devnull, dropped, tmp_path / "other")
+
+
+def test_a_resumed_dedup_tells_on_batch_where_it_resumed(
+    tmp_path: Path, store: Store, archive: Path
+) -> None:
+    """On a resume, on_batch's records count the earlier runs' lines as well, and nothing
+    said how many, so a rate shown from them was the job's, not the run's (review 20)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Interrupted):
+        _dedup(store, archive, out, batch_size=16, on_batch=_stop_after_one)
+    seen: list[BatchProgress] = []
+    report = _dedup(store, archive, out, batch_size=16, on_batch=seen.append)
+    assert report.resumed_from == 16 and seen
+    assert {p.resumed_from for p in seen} == {16}

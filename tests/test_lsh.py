@@ -11,7 +11,7 @@ from conftest import set_pair_batch
 from neardup_store import lsh
 from neardup_store.errors import InvalidParameterError
 from neardup_store.lsh import LSHParams, band_keys, candidate_pairs, choose_params, s_curve
-from neardup_store.minhash import MinHashConfig, MinHasher
+from neardup_store.minhash import MAX_NUM_PERM, MinHashConfig, MinHasher
 
 # MMDS Figure 3.8: values of the S-curve for b = 20 and r = 5 (rounded as printed there).
 MMDS_B20_R5 = {0.2: 0.006, 0.3: 0.047, 0.4: 0.186, 0.5: 0.470, 0.6: 0.802, 0.7: 0.975, 0.8: 0.9996}
@@ -206,3 +206,54 @@ def test_areas_in_chunks_equal_areas_in_one_pass(monkeypatch: pytest.MonkeyPatch
     chunked = lsh._areas(bands, rows, 0.8)
     np.testing.assert_allclose(chunked[0], whole[0], rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(chunked[1], whole[1], rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: s_curve("x", 2, 2),
+        lambda: s_curve("0.5", 2, 2),
+        lambda: s_curve(None, 2, 2),
+        lambda: LSHParams(2, 2).check_fits("x"),  # type: ignore[arg-type]
+        lambda: choose_params(0.8, 64, use_all="no"),  # type: ignore[arg-type]
+    ]
+    + [
+        lambda seed=seed: band_keys(np.zeros((2, 8), np.uint32), LSHParams(4, 2), seed=seed)
+        for seed in ("x", 1.5, None, -1, 2**70)
+    ],
+)
+def test_lsh_helpers_refuse_wrong_inputs_with_a_typed_error(call: object) -> None:
+    """Raw ValueError/TypeError, or seeds MinHashConfig refuses, for wrong inputs (review 22)."""
+    with pytest.raises(InvalidParameterError):
+        call()  # type: ignore[operator]
+
+
+def test_band_keys_and_candidate_pairs_take_numpy_integers() -> None:
+    """candidate_pairs(key_bits=np.int64(40)) said an integer was expected (review 22)."""
+    sigs = np.random.default_rng(1).integers(0, 3, (20, 8)).astype(np.uint32)
+    keys = band_keys(sigs, LSHParams(4, 2), seed=np.uint64(7))
+    assert np.array_equal(keys, band_keys(sigs, LSHParams(4, 2), seed=7))
+    pairs = candidate_pairs(keys, key_bits=np.int64(40))
+    assert np.array_equal(pairs, candidate_pairs(keys, key_bits=40))
+
+
+def test_choose_params_refuses_num_perm_above_the_maximum() -> None:
+    """num_perm=10**9 ran for hours instead of being refused as MinHashConfig does (review 22)."""
+    for num_perm in (MAX_NUM_PERM + 1, 10**9):
+        with pytest.raises(InvalidParameterError, match=f"num_perm.*{MAX_NUM_PERM}"):
+            choose_params(0.8, num_perm, use_all=True)
+
+
+@pytest.mark.parametrize("num_perm", [16, 37, 64, 100, 128, 200, 256])
+def test_choose_params_ruling_bandings_out_keeps_the_exhaustive_answer(num_perm: int) -> None:
+    """The bounds that skip most exact areas (made for num_perm 8192's minutes) change no
+    answer: the same banding as integrating every banding (review 22)."""
+    pairs = [(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)]
+    bands = np.array([b for b, _ in pairs], dtype=np.int64)
+    rows = np.array([r for _, r in pairs], dtype=np.int64)
+    for threshold in (0.05, 0.5, 0.8, 0.95):
+        fp, fn = lsh._areas(bands, rows, threshold)
+        for fp_weight, fn_weight in ((0.05, 0.95), (0.5, 0.5), (1.0, 0.0), (0.0, 1.0)):
+            best = int(np.argmin(fp_weight * fp + fn_weight * fn))
+            chosen = choose_params(threshold, num_perm, fp_weight, fn_weight)
+            assert (chosen.bands, chosen.rows) == (bands[best], rows[best])

@@ -222,3 +222,28 @@ def test_batches_larger_than_one_internal_chunk() -> None:
         hasher.signatures([*texts, "   "])
     assert info.value.index == 4
     assert hasher.signatures([]).shape == (0, hasher.config.num_perm)
+
+
+def test_minhash_config_from_dict_names_a_missing_field() -> None:
+    """A missing field was a raw KeyError (review 22)."""
+    with pytest.raises(InvalidParameterError, match="scheme, seed, shingles missing"):
+        MinHashConfig.from_dict({"num_perm": 4})
+    with pytest.raises(InvalidParameterError, match="config="):
+        MinHashConfig.from_dict(None)  # type: ignore[arg-type]
+    data = MinHashConfig().to_dict()
+    del data["shingles"]["kind"]
+    with pytest.raises(InvalidParameterError, match="kind missing"):
+        MinHashConfig.from_dict(data)
+
+
+def test_signatures_refuse_a_bad_encoding_even_for_str_documents() -> None:
+    """signatures(["text"], encoding="nope") took the bad name for str documents (review 22)."""
+    hasher = MinHasher(MinHashConfig(num_perm=16))
+    for call in (
+        lambda: hasher.signatures(["some text"], encoding="nope"),
+        lambda: hasher.signatures([], encoding="nope"),
+        lambda: hasher.signature("some text", encoding="nope"),
+    ):
+        with pytest.raises(InvalidParameterError, match="encoding='nope'"):
+            call()
+    assert hasher.signatures([b"some text"], encoding="utf-8").shape == (1, 16)

@@ -59,3 +59,19 @@ def test_the_pure_helpers_refuse_what_they_cannot_mean() -> None:
     with pytest.raises(nd.InvalidParameterError, match=r"\(documents, bands\)"):
         nd.candidate_pairs(np.arange(4, dtype=np.uint64))
     assert nd.connected_components(3, np.array([[0, 2]])).tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: nd.estimate_jaccard(np.arange(8, dtype=np.uint32), 5),
+        lambda: nd.estimate_jaccard(np.arange(8, dtype=np.uint32), None),
+        lambda: nd.sum_union_from_max_union("0.5"),
+        lambda: nd.sum_union_from_max_union(None),
+    ],
+)
+def test_similarity_helpers_refuse_wrong_inputs_with_a_typed_error(call: object) -> None:
+    """IndexError and TypeError escaped for a number or a str in place of signatures (review 22)."""
+    with pytest.raises(nd.InvalidParameterError):
+        call()  # type: ignore[operator]
+    assert nd.sum_union_from_max_union(np.float32(0.5)) == pytest.approx(1 / 3)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import json
 import os
+import pickle
 import random
 import signal
 import string
@@ -34,6 +36,7 @@ from neardup_store.errors import (
     FormatVersionError,
     InvalidKeyError,
     InvalidParameterError,
+    InvalidStreamError,
     KeyNotFoundError,
     MetadataError,
     NotAStoreError,
@@ -192,6 +195,32 @@ def test_missing_store_raises_store_not_found(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(StoreNotFoundError):
         Store.open(tmp_path / "empty")
+
+
+def test_a_read_only_open_of_a_missing_store_does_not_advise_create(tmp_path: Path) -> None:
+    """A read-only open advised create=True, which it refuses (review 22)."""
+    with pytest.raises(StoreNotFoundError) as caught:
+        Store.open(tmp_path / "missing", read_only=True)
+    assert "create=True" not in str(caught.value) and "check the path" in str(caught.value)
+    assert caught.value.path == str(tmp_path / "missing")
+    with pytest.raises(StoreNotFoundError, match="pass create=True"):
+        Store.open(tmp_path / "missing")
+
+
+def test_open_takes_numpy_integers_for_map_size_and_max_readers(tmp_path: Path) -> None:
+    """map_size=np.int64(...) and max_readers=np.int64(...) were refused as "expected an
+    integer", unlike every other integer parameter (review 22)."""
+    with Store.open(
+        tmp_path / "s", create=True, num_perm=32, map_size=np.int64(1 << 20),
+        max_readers=np.int64(10),
+    ) as store:  # fmt: skip
+        store.add("k", "some text of a document")
+        assert store._require_env().info()["max_readers"] == 10
+    with Store.open(tmp_path / "s", map_size=np.uint32(1 << 21)) as store:
+        assert store.get("k").key == "k"
+    for bad in ({"map_size": np.int64(1)}, {"max_readers": np.int64(0)}, {"map_size": 2.0**20}):
+        with pytest.raises(InvalidParameterError):
+            Store.open(tmp_path / "s", **bad)  # type: ignore[arg-type]
 
 
 def _make_file(path: Path) -> None:
@@ -818,6 +847,174 @@ def test_a_failing_batch_names_its_document_in_the_whole_call_and_what_was_commi
     assert caught.value.index is None and str(caught.value).startswith("the document is empty")
 
 
+def _fails_after(count: int, error: BaseException) -> Iterator[tuple[str, str]]:
+    """``count`` items of random text, then ``error``: a source that fails part-way."""
+    yield from ((f"g{i}", text) for i, text in enumerate(random_texts(count, seed=3)))
+    raise error
+
+
+class _SealedError(Exception):
+    """A caller's exception type that refuses attributes of its own making."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if not name.startswith("__"):
+            raise AttributeError(f"{name}: this error is sealed")
+        super().__setattr__(name, value)
+
+
+def _resume_note(error: BaseException) -> str:
+    return "".join(getattr(error, "__notes__", []))
+
+
+def test_a_batched_call_whose_source_fails_part_way_says_what_was_committed(
+    store: Store,
+) -> None:
+    """The items' own error (an OSError reading them, say) left the call without
+    ``committed`` or the note, though earlier batches were committed (review 22)."""
+    with pytest.raises(OSError, match="Input/output error") as caught:
+        store.add_many(_fails_after(7, OSError(5, "Input/output error")), batch_size=3)
+    assert type(caught.value) is OSError and caught.value.errno == 5
+    assert caught.value.committed == 6 and len(store) == 6  # type: ignore[attr-defined]
+    assert "resume from item #6" in _resume_note(caught.value)
+    with pytest.raises(_SealedError) as sealed:  # stamped all the same
+        store.add_many(((f"f{i}", t) for i, t in _fails_after(2, _SealedError())), batch_size=1)
+    assert sealed.value.committed == 2 and len(store) == 8  # type: ignore[attr-defined]
+    assert "resume from item #2" in _resume_note(sealed.value)
+    signatures = store.hasher.signatures(random_texts(5, seed=4))
+
+    def signature_items() -> Iterator[tuple[str, npt.NDArray[np.uint32]]]:
+        yield from ((f"s{i}", signatures[i]) for i in range(5))
+        raise RuntimeError("the source went away")
+
+    with pytest.raises(RuntimeError) as caught_again:
+        store.add_signatures(signature_items(), batch_size=2)
+    assert caught_again.value.committed == 4 and len(store) == 12  # type: ignore[attr-defined]
+
+
+def _export_of(tmp_path: Path, count: int) -> bytes:
+    with Store.open(tmp_path / "source", create=True, **PARAMS) as source:
+        source.add_many((f"k{i}", text) for i, text in enumerate(random_texts(count, seed=6)))
+        out = io.BytesIO()
+        source.export(out)
+    return out.getvalue()
+
+
+class _FailingReader(io.RawIOBase):
+    """``data`` read 64 bytes at a time, then an I/O error half way."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.position = data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.position > len(self.data) // 2:
+            raise OSError(5, "Input/output error")
+        size = min(len(buffer), 64, len(self.data) - self.position)
+        buffer[:size] = self.data[self.position : self.position + size]
+        self.position += size
+        return size
+
+
+def test_an_import_whose_stream_cannot_be_read_is_typed_and_says_what_was_committed(
+    store: Store, tmp_path: Path
+) -> None:
+    """An import stream whose read failed gave the raw OSError, without ``committed``
+    (review 22)."""
+    from neardup_store.errors import StreamReadError  # new here: the others run on old code
+
+    data = _export_of(tmp_path, 40)
+    with pytest.raises(InvalidStreamError) as caught:
+        store.import_(io.BufferedReader(_FailingReader(data), 64), batch_size=5)
+    error = caught.value
+    assert isinstance(error, StreamReadError) and isinstance(error, OSError)
+    assert "could not be read" in str(error) and "Input/output error" in str(error)
+    assert isinstance(error.__cause__, OSError)
+    assert error.committed == len(store) > 0  # type: ignore[attr-defined]
+    assert f"resume from item #{len(store)}" in _resume_note(error)
+
+
+def test_a_progress_callback_that_raises_leaves_an_import_saying_what_was_committed(
+    store: Store, tmp_path: Path
+) -> None:
+    """A progress callback's own error left no ``committed`` either (review 22)."""
+    data = _export_of(tmp_path, 12)
+
+    def progress(done: int) -> None:
+        if done >= 8:
+            raise ValueError("the progress bar broke")
+
+    with pytest.raises(ValueError, match="progress bar broke") as caught:
+        store.import_(io.BytesIO(data), batch_size=4, progress=progress)
+    assert caught.value.committed == 8 == len(store)  # type: ignore[attr-defined]
+    assert "resume from item #8" in _resume_note(caught.value)
+
+
+def test_a_bad_encoding_is_refused_before_the_first_batch_commits(store: Store) -> None:
+    """add_many checked ``encoding`` only at its first bytes document, after earlier
+    batches had committed, and not at all for str documents (review 22)."""
+    items = [(f"k{i}", text) for i, text in enumerate(random_texts(30))]
+    for replace in (False, True):
+        with pytest.raises(InvalidParameterError, match="encoding='utf-9'") as caught:
+            store.add_many(
+                [*items, ("b", b"bytes text")], encoding="utf-9", batch_size=10, replace=replace
+            )
+        assert len(store) == 0 and not getattr(caught.value, "committed", 0)
+        with pytest.raises(InvalidParameterError, match="encoding="):
+            store.add_many(items, encoding="no-such-codec", replace=replace)
+        assert len(store) == 0
+
+
+def test_a_refused_signature_of_a_batch_is_named_by_its_place_in_the_call(
+    store: Store,
+) -> None:
+    """A signature out of range, of another length or of floats in a batch was refused
+    for the whole batch, without saying which item (review 22)."""
+    good = store.hasher.signatures(random_texts(25, seed=7)).astype(np.int64)
+    bad_rows: dict[str, Any] = {
+        "values out of range": np.full(PARAMS["num_perm"], -1, np.int64),
+        "rows of different shapes": good[17][:-1],
+        "float64": np.full(PARAMS["num_perm"], 1.5),
+    }
+    for what, row in bad_rows.items():
+        items = [(f"s{i}", good[i]) for i in range(25)]
+        items[17] = ("s17", row)
+        before = len(store)
+        with pytest.raises(InvalidParameterError, match=what) as caught:
+            store.add_signatures(items, batch_size=10)  # the second batch: #17 of the call
+        error = caught.value
+        assert error.index == 17 and "signature #17" in str(error)  # type: ignore[attr-defined]
+        assert error.committed == 10 and len(store) == before + 10  # type: ignore[attr-defined]
+        store.remove_many([f"s{i}" for i in range(10)])
+        with store.write() as txn, pytest.raises(InvalidParameterError) as in_block:
+            txn.add_signatures(items)
+        assert in_block.value.index == 17  # type: ignore[attr-defined]
+        assert len(store) == before
+    with pytest.raises(InvalidParameterError) as single:  # one signature: not numbered
+        store.add("one", signature=np.full(PARAMS["num_perm"], -1, np.int64))
+    assert single.value.index is None and "#" not in str(single.value)  # type: ignore[attr-defined]
+
+
+def test_error_types_take_what_other_calls_need_to_say(store: Store) -> None:
+    """DuplicateKeyError takes its own advice (calls without replace= gave the advice to
+    pass it) and MetadataError the key and place of its item (review 22)."""
+    duplicate = DuplicateKeyError("k", advice="remove it first, or use add(..., replace=True)")
+    assert str(duplicate) == (
+        "key 'k' is already in the store; remove it first, or use add(..., replace=True)"
+    )
+    assert "pass replace=True" in str(DuplicateKeyError("k")) and duplicate.key == "k"
+    assert "give each item its own key" in str(DuplicateKeyError("k", True))
+    error = MetadataError("it cannot be stored", key="k17", index=17)
+    assert (error.key, error.index, error.reason) == ("k17", 17, "it cannot be stored")
+    assert str(error).startswith("item #17 (key 'k17') metadata rejected: it cannot be stored")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.key, copy.index, str(copy)) == ("k17", 17, str(error))
+    plain = MetadataError("too large")
+    assert plain.key is None and plain.index is None
+    assert str(plain).startswith("metadata rejected: too large;")
+
+
 def test_transaction_size_grows_with_the_store_within_its_bounds(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -970,6 +1167,42 @@ def test_iteration_crosses_chunk_boundaries(store: Store) -> None:
     store.remove_many([f"key-{i:05d}" for i in (0, 1023, 1024, 2047, 2099)])
     expected = [f"key-{i:05d}" for i in range(count) if i not in (0, 1023, 1024, 2047, 2099)]
     assert list(store) == expected and len(store) == len(expected)
+
+
+def test_iterating_the_store_ends_at_the_last_document_stored_when_it_began(
+    store: Store,
+) -> None:
+    """`for key in store:` replacing (or adding) documents never ended: each replacement is
+    a new document after the others, which the next chunk yielded again (review 22)."""
+    store.add_many((f"k{i}", f"text of document number {i} with words") for i in range(5))
+    seen = []
+    for key in store:
+        seen.append(key)
+        store.add(key, f"updated text for {key} with other words", replace=True)
+        store.add(f"new-{key}", f"a document the loop adds after {key}", replace=True)
+        if len(seen) >= 50:
+            break
+    assert seen == [f"k{i}" for i in range(5)]
+    assert list(store) == [*(f"new-k{i}" if j else f"k{i}" for i in range(5) for j in (0, 1))]
+
+
+def test_iterating_the_store_past_a_chunk_stops_at_its_first_last_document(
+    tmp_path: Path,
+) -> None:
+    """The bound holds across the short transactions of the chunks, too (review 22)."""
+    rng = np.random.default_rng(5)
+    count = store_module.ITER_CHUNK + 30 if hasattr(store_module, "ITER_CHUNK") else 1054
+    signatures = rng.integers(0, 2**32, (count + 3, 32), dtype=np.uint32)
+    with Store.open(tmp_path / "s", create=True, num_perm=32, durable=False) as store:
+        store.add_signatures((f"k{i:05d}", signatures[i]) for i in range(count))
+        seen = []
+        for key in store:
+            if not seen:  # after the whole first chunk: these come after the bound
+                store.add_signatures((f"z{i}", signatures[count + i]) for i in range(3))
+            seen.append(key)
+            if len(seen) > count + 3:
+                break
+        assert seen == [f"k{i:05d}" for i in range(count)] and len(store) == count + 3
 
 
 def test_str_and_bytes_keys_are_distinct(store: Store) -> None:
@@ -1857,6 +2090,8 @@ def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
     store.add("a", "a document the parent stored before the fork")
     read_end, write_end = os.pipe()
     with store.read() as snap:  # the parent reads across the fork
+        begun = snap.keys()  # an iterator begun before the fork read on in the child,
+        next(begun)  # through the parent's transaction (review 21)
         pid = os.fork()
         if pid == 0:  # the child: report through the pipe, never return into pytest
             code = 1
@@ -1878,6 +2113,7 @@ def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
                     lambda: len(snap),
                     lambda: list(snap.keys()),
                     lambda: snap.query("a document the parent stored before the fork"),
+                    lambda: next(begun, None),
                 ]
                 for call in calls:
                     try:
@@ -1897,7 +2133,7 @@ def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
             report = pipe.read()
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert json.loads(report) == ["forked"] * 13
+        assert json.loads(report) == ["forked"] * 14
         assert store._env is not None and str(os.getpid()) in store._env.readers()
         assert snap.get("a").key == "a"
     store.add("b", "the parent's store still works after the fork")
@@ -1932,6 +2168,46 @@ def test_forked_child_cannot_use_the_parents_write_transaction(store: Store) -> 
         txn.add("after", "the parent adds this after the fork")
     assert sorted(store) == ["after", "parent"]
     assert store.check().ok
+
+
+def test_a_child_forked_while_another_thread_holds_the_stores_lock_is_told_at_once(
+    store: Store,
+) -> None:
+    """The fork check came after the store's internal lock, which a compaction in another
+    thread holds throughout: the child's first call waited for ever (review 21)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._readers_lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                store.query("any text at all, for the child")
+            except ForkedStoreError:
+                code = 0
+            finally:
+                os._exit(code)
+        for _ in range(200):  # up to 20 s
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child's first call hung on the lock the parent's thread held")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        holder.join()
 
 
 # -- durability --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from neardup_store.errors import (
     TextDecodeError,
 )
 from neardup_store.text import (
+    HASH_VERSION,
     ShingleConfig,
     Shingler,
     as_text,
@@ -379,3 +380,40 @@ def test_a_leading_byte_order_mark_is_not_part_of_decoded_text(tmp_path: Path) -
     (tmp_path / "bom.txt").write_bytes(bom + text.encode())
     (record,) = ingest.read_inputs([tmp_path / "bom.txt"])
     assert isinstance(record, ingest.Record) and record.text == text
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: normalize(None),  # type: ignore[arg-type]
+        lambda: normalize("abc", "x"),  # type: ignore[arg-type]
+        lambda: shingle_strings("abcdefg", "x"),  # type: ignore[arg-type]
+        lambda: ShingleConfig.from_dict({"kind": "char", "later_field": 1}),
+        lambda: ShingleConfig.from_dict({"kind": "char", "hash_version": HASH_VERSION}),
+        lambda: ShingleConfig.from_dict(None),  # type: ignore[arg-type]
+    ],
+)
+def test_text_helpers_refuse_wrong_inputs_with_a_typed_error(call: object) -> None:
+    """AttributeError/TypeError escaped, and a missing field took its default (review 22)."""
+    with pytest.raises((InvalidParameterError, InputTypeError)):
+        call()  # type: ignore[operator]
+
+
+def test_shingle_config_from_dict_refuses_what_to_dict_would_not_write() -> None:
+    """A later release's field was a raw TypeError, a missing one silently defaulted (review 22)."""
+    data = ShingleConfig(kind="word").to_dict()
+    with pytest.raises(InvalidParameterError, match=r"shingles=\['later_field'\].*a later"):
+        ShingleConfig.from_dict({**data, "later_field": 1})
+    with pytest.raises(InvalidParameterError, match="nfkc missing"):
+        ShingleConfig.from_dict({k: v for k, v in data.items() if k != "nfkc"})
+    without_version = {k: v for k, v in data.items() if k != "hash_version"}
+    assert ShingleConfig.from_dict(without_version) == ShingleConfig(kind="word")
+
+
+def test_a_bad_encoding_is_refused_even_for_str_documents() -> None:
+    """hash_batch(["text"], encoding="nope") took the bad name for str documents (review 22)."""
+    for documents in (["some text"], []):
+        with pytest.raises(InvalidParameterError, match="encoding='nope'"):
+            Shingler().hash_batch(documents, encoding="nope")
+    with pytest.raises(InvalidParameterError, match="encoding='base64'"):
+        Shingler().hash_document("some text", encoding="base64")
