@@ -273,9 +273,11 @@ def _show_progress() -> bool:
 
 
 @contextlib.contextmanager
-def _doc_progress(label: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+def _doc_progress(
+    label: str, total: int | None = None, unit: str = "documents"
+) -> Iterator[Callable[[int], None]]:
     """A callback ``done -> None`` drawing progress on a terminal: a bar when the total
-    is known, else a running count. Silent off a terminal or under --quiet."""
+    is known, else a running count of ``unit``. Silent off a terminal or under --quiet."""
     if not _show_progress():
         yield lambda done: None
         return
@@ -290,7 +292,7 @@ def _doc_progress(label: str, total: int | None = None) -> Iterator[Callable[[in
 
             yield advance
         return
-    yield lambda done: click.echo(f"\r{label}: {done} documents", nl=False, err=True)
+    yield lambda done: click.echo(f"\r{label}: {done} {unit}", nl=False, err=True)
     click.echo(err=True)
 
 
@@ -922,11 +924,21 @@ def query(
     exact = None
     if exact_source is not None:
         exact = _source_texts(*_read_jsonl(exact_source, id_field, text_field), exact_source)
-    with open_store(path, readonly=True) as store:
-        queries, results, empty = _answer(
-            store, queries, threshold=threshold, limit=limit, exact=exact
-        )
-    failed += empty
+    results: list[list[Match]] = []
+    answered: list[_Query] = []
+    with (
+        open_store(path, readonly=True) as store,
+        _doc_progress("Querying", len(queries)) as progress,
+    ):
+        for lo in range(0, len(queries), QUERY_CHUNK):  # in chunks, for the progress bar
+            chunk = _answer(
+                store, queries[lo : lo + QUERY_CHUNK], threshold=threshold, limit=limit, exact=exact
+            )
+            answered += chunk[0]
+            results += chunk[1]
+            failed += chunk[2]
+            progress(lo + QUERY_CHUNK)
+    queries = answered
     rows = [
         (q.qid, render.key_text(m.key), m.score, m.exact)
         for q, matches in zip(queries, results, strict=True)
@@ -944,6 +956,10 @@ def query(
     render.failures(sorted(failed, key=lambda f: f.line or 0), as_json, "see --json")
     if failed or (fail_on_duplicates and rows):
         sys.exit(1)
+
+
+QUERY_CHUNK = 1000
+"""Queries of ``query --jsonl`` answered by one ``query_many`` call, between progress steps."""
 
 
 def _answer(
@@ -1080,8 +1096,11 @@ def clusters(path: str, threshold: float | None, fmt: str) -> None:
         neardup-admin clusters ./corpus.ndx > clusters.jsonl
         neardup-admin clusters ./corpus.ndx --format csv --threshold 0.9
     """
-    with open_store(path, readonly=True) as store:
-        groups = store.clusters(threshold)
+    with (
+        open_store(path, readonly=True) as store,
+        _doc_progress("Finding clusters", unit="pairs") as progress,
+    ):
+        groups = store.clusters(threshold, progress)
     if fmt == "jsonl":
         for number, keys in enumerate(groups, 1):
             render.json_line({"cluster": number, "keys": [render.key_text(k) for k in keys]})
@@ -1252,8 +1271,8 @@ def check(path: str, repair: bool, as_json: bool) -> None:
         neardup-admin check ./corpus.ndx
         neardup-admin check ./corpus.ndx --repair
     """
-    with open_store(path, readonly=not repair) as store:
-        report = store.check(repair)
+    with open_store(path, readonly=not repair) as store, _doc_progress("Checking") as progress:
+        report = store.check(repair, progress)  # a count: a repair checks again after it
     render.render_check(report, as_json)
     if not report.ok:
         sys.exit(1)

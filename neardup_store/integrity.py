@@ -38,7 +38,7 @@ corruption trials (``tools/corruption_trials.py``) put there became a typed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec, lmdbfile
-from .errors import check_flags
+from .errors import check_flags, check_progress
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
 from .store import META_COUNT_LIMITS, id_after, meta_count_ok
@@ -55,6 +55,10 @@ from .store import META_COUNT_LIMITS, id_after, meta_count_ok
 if TYPE_CHECKING:
     from .store import Store
     from .txn import ReadTxn, WriteTxn
+
+PROGRESS_EVERY = 1000
+"""Documents between two progress calls of :func:`check`."""
+_Progress = Callable[[int], None]
 
 VIOLATION_KINDS: tuple[str, ...] = (
     "structure",  # LMDB's pages are damaged, or LMDB failed reading: restore from a backup
@@ -144,8 +148,9 @@ def _stray_tables(store: Store, txn: lmdb.Transaction) -> list[bytes]:
 class _Checker:
     """One pass of the check over one snapshot, collecting violations."""
 
-    def __init__(self, store: Store, reader: ReadTxn) -> None:
+    def __init__(self, store: Store, reader: ReadTxn, progress: _Progress | None = None) -> None:
         self.store, self.reader, self.txn = store, reader, reader.txn
+        self.progress = progress
         self.found: list[Violation] = []
         self.bad_ids: set[bytes] = set()  # records that cannot vouch for band entries
         self.good = 0
@@ -255,12 +260,16 @@ class _Checker:
             for raw_id, value in cursor:
                 raw_id = bytes(raw_id)
                 self.checked += 1
+                if self.progress is not None and self.checked % PROGRESS_EVERY == 0:
+                    self.progress(self.checked)
                 record = self.record(raw_id, value, next_id)
                 if record is None:
                     self.bad_ids.add(raw_id)
                     continue
                 self.key_entry(raw_id, codec.decode_id(raw_id), record.key)
                 batch = self.in_bands(batch, raw_id, record.signature)
+        if self.progress is not None and self.checked % PROGRESS_EVERY:
+            self.progress(self.checked)  # the last, partial step
         if self.store._removed_db is not None:
             batch = self.removed(batch, next_id)
         if batch:
@@ -472,13 +481,13 @@ def _fill_bands(
 _STALE_RETRIES = 5
 
 
-def _run_check(store: Store) -> tuple[int, list[Violation]]:
+def _run_check(store: Store, progress: _Progress | None = None) -> tuple[int, list[Violation]]:
     # Two commits of other processes between beginning the snapshot and reading its meta
     # page leave no snapshot to walk: begin again. If writers keep outrunning the walk,
     # the last try checks the tables without it.
     for attempt in range(_STALE_RETRIES + 1):
         with store.read() as reader:
-            checker = _Checker(store, reader)
+            checker = _Checker(store, reader, progress)
             checker.run(walk=attempt < _STALE_RETRIES)
             if not checker.stale:
                 break
@@ -582,13 +591,18 @@ def _reset_bad_counters(store: Store, txn: lmdb.Transaction) -> None:
             txn.put(name.encode(), codec.pack_meta(value), db=store._meta_db)
 
 
-def check(store: Store, repair: bool = False) -> CheckReport:
+def check(
+    store: Store, repair: bool = False, progress: Callable[[int], None] | None = None
+) -> CheckReport:
     """Verify every invariant of the on-disk format (see the module docstring).
 
     Args:
         repair: if something is found, rebuild the keys table and the band tables from
             the records (in one write transaction, dropping tables the format does not
             name and raising ``next_doc_id`` above every id), then check again.
+        progress: called with the number of documents checked so far, every
+            :data:`PROGRESS_EVERY` of them and at the last; the check after a repair
+            counts on from the first one's total.
 
     Returns:
         A :class:`CheckReport`; ``report.ok`` says whether the store is consistent now.
@@ -602,9 +616,10 @@ def check(store: Store, repair: bool = False) -> CheckReport:
         (True, [])
     """
     check_flags(repair=repair)
+    check_progress(progress)
     if repair:
         store._check_writable()
-    checked, found = _run_check(store)
+    checked, found = _run_check(store, progress)
     damaged = any(v.kind == "structure" for v in found)
     if not (repair and found) or damaged:
         return CheckReport(checked, found, False, list(found))
@@ -614,5 +629,6 @@ def check(store: Store, repair: bool = False) -> CheckReport:
     operation = _rederive(store, unreadable)
     with store.write() as writer:
         writer._run(operation, writer)
-    _, remaining = _run_check(store)
+    again = None if progress is None else (lambda done: progress(checked + done))
+    _, remaining = _run_check(store, again)
     return CheckReport(checked, found, True, remaining)

@@ -265,6 +265,10 @@ def _id_pairs(store: Store, threshold: float) -> Iterator[tuple[int, int, Key, K
                     yield first_id, codec.decode_id(other), first, reader._key_of(other), score
 
 
+PAIRS_PROGRESS_EVERY = 1000
+"""Pairs between two progress calls of :func:`clusters`."""
+
+
 def pairs(store: Store, threshold: float | None = None) -> Iterator[Pair]:
     """Every near-duplicate pair in the store, each once, streamed.
 
@@ -291,14 +295,21 @@ def pairs(store: Store, threshold: float | None = None) -> Iterator[Pair]:
     )
 
 
-def clusters(store: Store, threshold: float | None = None) -> list[list[Key]]:
+def clusters(
+    store: Store, threshold: float | None = None, progress: Callable[[int], None] | None = None
+) -> list[list[Key]]:
     """Groups of near-duplicates: the connected components of :func:`pairs`.
+
+    Args:
+        progress: called with the number of pairs found so far, every
+            :data:`PAIRS_PROGRESS_EVERY` of them and once at the end.
 
     Returns:
         Clusters of two or more keys, each in insertion order, ordered by their first
         member's insertion. Memory grows with the documents that have a duplicate only.
     """
     threshold = store._check_threshold(threshold)
+    check_progress(progress)
     parent: dict[int, int] = {}
     keys: dict[int, Key] = {}
 
@@ -308,13 +319,19 @@ def clusters(store: Store, threshold: float | None = None) -> list[list[Key]]:
             node = parent[node]
         return node
 
+    found = 0
     for first_id, second_id, first, second, _ in _id_pairs(store, threshold):
+        found += 1
+        if progress is not None and found % PAIRS_PROGRESS_EVERY == 0:
+            progress(found)
         for node, key in ((first_id, first), (second_id, second)):
             if node not in keys:
                 keys[node], parent[node] = key, node
         a, b = root(first_id), root(second_id)
         if a != b:
             parent[max(a, b)] = min(a, b)
+    if progress is not None:
+        progress(found)
     groups: dict[int, list[int]] = {}
     for node in sorted(keys):
         groups.setdefault(root(node), []).append(node)

@@ -1371,11 +1371,13 @@ class Store:
 
         return maintenance.pairs(self, threshold)
 
-    def clusters(self, threshold: float | None = None) -> list[list[Key]]:
+    def clusters(
+        self, threshold: float | None = None, progress: Callable[[int], None] | None = None
+    ) -> list[list[Key]]:
         """See :func:`maintenance.clusters`."""
         from . import maintenance
 
-        return maintenance.clusters(self, threshold)
+        return maintenance.clusters(self, threshold, progress)
 
     def stats(self, largest: int = 5) -> maintenance.StoreStats:
         """See :func:`maintenance.stats`."""
@@ -1383,11 +1385,13 @@ class Store:
 
         return maintenance.stats(self, largest)
 
-    def check(self, repair: bool = False) -> maintenance.CheckReport:
+    def check(
+        self, repair: bool = False, progress: Callable[[int], None] | None = None
+    ) -> maintenance.CheckReport:
         """See :func:`maintenance.check`."""
         from . import maintenance
 
-        return maintenance.check(self, repair)
+        return maintenance.check(self, repair, progress)
 
     def compact(
         self, dry_run: bool = False, progress: Callable[[int], None] | None = None

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import pty
 import resource
 import signal
 import stat
@@ -1361,34 +1362,14 @@ def test_every_store_command_through_a_real_subprocess(
 def test_progress_is_drawn_on_a_terminal_only(tmp_path: Path) -> None:
     """Long commands draw progress on stderr when it is a terminal (a real pty here), and
     stay silent when it is not (every other test)."""
-    import os
-    import pty
-
     store = tmp_path / "s.ndx"
     with Store.open(store, create=True, num_perm=32) as opened:
         opened.add_many((f"k{i}", f"document number {i} " * 5) for i in range(2500))
 
     def stderr_on_a_terminal(*args: object) -> str:
-        leader, follower = pty.openpty()
-        done = subprocess.run(
-            [sys.executable, "-m", "neardup_store", *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=follower,
-            timeout=120,
-        )
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(leader)
-        assert done.returncode == 0
-        return b"".join(chunks).decode("utf-8", "replace")
+        code, shown = _on_a_terminal(*args)
+        assert code == 0
+        return shown.decode("utf-8", "replace")
 
     assert "Exporting" in stderr_on_a_terminal("export", store, tmp_path / "e.export")
     assert "Re-banding" in stderr_on_a_terminal("rebuild", store, "--bands", 4, "--rows", 8)
@@ -1772,8 +1753,6 @@ def test_a_file_that_cannot_be_opened_is_one_error_line(
 def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
     """The docs/s of a resumed dedup divided every line of the job, earlier runs' too, by
     this run's time (review 20): it now says which line this run began after."""
-    import pty
-
     archive = tmp_path / "a.jsonl"
     archive.write_text(
         "".join(json.dumps({"id": f"k{i}", "text": f"document {i} " * 8}) + "\n" for i in range(40))
@@ -1784,6 +1763,14 @@ def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
         out.write(
             "".join(json.dumps({"id": f"n{i}", "text": f"new {i} " * 8}) + "\n" for i in range(20))
         )
+    returncode, shown = _on_a_terminal(*args)
+    assert returncode == 0
+    assert b"60 docs, " in shown and b" docs/s since line 40, " in shown
+
+
+def _on_a_terminal(*args: object) -> tuple[int, bytes]:
+    """Run neardup-admin with stderr on a pseudo-terminal, where progress is drawn: its
+    exit code and what it drew there."""
     leader, follower = pty.openpty()
     command = [sys.executable, "-m", "neardup_store", *map(str, args)]
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
@@ -1798,5 +1785,27 @@ def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
             break
         shown += chunk
     os.close(leader)
-    assert done.returncode == 0
-    assert b"60 docs, " in shown and b" docs/s since line 40, " in shown
+    return done.returncode, shown
+
+
+def test_check_clusters_and_query_of_many_lines_show_progress(tmp_path: Path) -> None:
+    """They ran silent for minutes on a large store, where every other long command draws
+    progress (review 20)."""
+    rng = np.random.default_rng(5)
+    sigs = rng.integers(0, 2**32, size=(1200, 32), dtype=np.uint32)
+    sigs[600:] = sigs[:600]  # 600 pairs of copies
+    with Store.open(tmp_path / "s.ndx", create=True, num_perm=32) as store:
+        store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        "".join(f'{{"id": "q{i}", "text": "query {i} words"}}\n' for i in range(1500))
+    )
+    assert _on_a_terminal("check", tmp_path / "s.ndx") == (
+        0,
+        b"\rChecking: 1000 documents\rChecking: 1200 documents\r\n",
+    )
+    code, shown = _on_a_terminal("clusters", tmp_path / "s.ndx")
+    assert code == 0 and shown.endswith(b"\rFinding clusters: 600 pairs\r\n")
+    code, shown = _on_a_terminal("query", tmp_path / "s.ndx", "--jsonl", queries)
+    assert code == 0 and b"Querying" in shown and b"100%" in shown
+    assert _on_a_terminal("-q", "check", tmp_path / "s.ndx") == (0, b"")

@@ -400,6 +400,30 @@ def test_check_is_clean_on_a_healthy_store(store: Store, corpus: DemoCorpus) -> 
     assert report.ok and report.documents_checked == len(corpus.documents) - 1
 
 
+def test_check_and_clusters_report_progress(store: Store) -> None:
+    """They gave no sign of life on a large store (review 20): check counts the documents
+    it checked, on through the check after a repair; clusters counts the pairs found."""
+    documents = len(store)
+    seen: list[int] = []
+    assert store.check(progress=seen.append).ok
+    assert seen == [*range(1000, documents, 1000), documents]
+    path = store.path
+    store.close()
+    _delete(path, codec.META_DB, b"commit_counter")  # damage for a repair to mend
+    with Store.open(path) as damaged:
+        seen.clear()
+        assert damaged.check(repair=True, progress=seen.append).repaired
+        assert seen[-1] == 2 * documents and seen == sorted(seen)
+        found: list[int] = []
+        groups = damaged.clusters(progress=found.append)
+        assert found[-1] == sum(1 for _ in damaged.pairs()) and groups
+        for bad in ("not callable", 3):
+            with pytest.raises(InvalidParameterError, match="progress"):
+                damaged.check(progress=bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidParameterError, match="progress"):
+                damaged.clusters(progress=bad)  # type: ignore[arg-type]
+
+
 def test_check_is_clean_on_a_store_whose_band_buckets_are_huge(store_path: Path) -> None:
     """Regression: thousands of near-identical documents make LMDB move band entries
     between duplicate sub-pages and sub-tables, after which its page counters of a band
