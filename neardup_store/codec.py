@@ -529,7 +529,7 @@ def _split_record(data: bytes, doc_id: int | None) -> tuple[int, int, bytes, mem
 def _layout_ok(flags: int, sig_end: int, body_end: int) -> bool:
     """Whether the flags are known and metadata follows the signature exactly when flag
     bit 1 says so (a record is nothing but its parts)."""
-    return not flags & ~_KNOWN_FLAGS and (sig_end < body_end) == bool(flags & _FLAG_METADATA)
+    return flags <= _KNOWN_FLAGS and (sig_end < body_end) == (flags >= _FLAG_METADATA)
 
 
 def _layout_fault(flags: int, sig_end: int, body_end: int) -> str:
@@ -584,7 +584,8 @@ def decode_signatures(
             version != RECORD_VERSION
             or perm != num_perm
             or start + width > end
-            or not _layout_ok(flags, start + width, end)
+            or flags > _KNOWN_FLAGS  # :func:`_layout_ok`, inline: this runs once a record
+            or (start + width < end) != (flags >= _FLAG_METADATA)
         ):
             doc_id = decode_id(raw_id)
             _split_record(bytes(data), doc_id)
