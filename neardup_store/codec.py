@@ -357,7 +357,7 @@ def decode_id(raw: bytes) -> int:
         return int(_ID.unpack(raw)[0])
     except struct.error:
         raise CorruptRecordError(
-            None, f"it is stored under {bytes(raw)!r}, not an 8-byte id", BAD_ID_ADVICE
+            None, f"a document id reads {bytes(raw)!r}, not 8 bytes", BAD_ID_ADVICE
         ) from None
 
 

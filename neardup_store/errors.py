@@ -456,8 +456,15 @@ REMOVE_AND_REPAIR = (
 )
 """What to do about a damaged record of a stored document: only its key can remove it."""
 _REPAIR_ALONE = "run `neardup-admin check --repair` (Store.check(repair=True)), which {does}"
-BAD_ID_ADVICE = _REPAIR_ALONE.format(does="gives such a record an id of its own")
-"""What to do about a record stored under a key that is no document id."""
+BAD_ID_ADVICE = _REPAIR_ALONE.format(
+    does="rebuilds the keys table, and moves a record kept under a key that is no id to an "
+    "id of its own"
+)
+"""What to do about a document id that is not one (a ``docs`` key, a ``keys`` value)."""
+MISSING_RECORD_ADVICE = _REPAIR_ALONE.format(
+    does="drops the key and band entries of a document whose record is gone (add it again after)"
+)
+"""What to do about a key whose record is missing: removing it needs the record."""
 PURGE_ADVICE = _REPAIR_ALONE.format(
     does="drops the records of removed documents with their band entries (no key names "
     "them any more)"

@@ -522,9 +522,20 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
             txn.drop(db, delete=False)
         next_id = max(next_id, id_after(txn, store._docs_db, id_limit))  # readable or not
 
-        def index_records(batch: list[tuple[bytes, bytes]], overwrite: bool = True) -> int:
-            """Index the readable records of ``batch``; how many."""
-            ids, sigs = [], []
+        def fill(batch: list[tuple[bytes, npt.NDArray[np.uint32]]]) -> None:
+            if batch:
+                _fill_bands(
+                    txn, store._band_dbs, [raw_id for raw_id, _ in batch],
+                    np.stack([sig for _, sig in batch]), store.banding, store.config.seed,
+                    store._band_layout,
+                )  # fmt: skip
+
+        def index_records(
+            batch: list[tuple[bytes, bytes]], overwrite: bool = True
+        ) -> tuple[int, list[tuple[bytes, npt.NDArray[np.uint32]]]]:
+            """Index the readable records of ``batch``: how many, and those whose key
+            another record held (only without ``overwrite``)."""
+            indexed, held = [], []
             for raw_id, value in batch:
                 try:  # an undecodable record cannot be indexed: it stays reported
                     record = codec.decode_record(value, codec.decode_id(raw_id))
@@ -535,17 +546,13 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
                     continue
                 # The last record of a key (the newest) wins, as a replacement's record
                 # comes after the one it replaced; an older duplicate stays reported.
-                if txn.put(
-                    codec.key_index(raw, is_str), raw_id, db=store._keys_db, overwrite=overwrite
-                ):
-                    ids.append(raw_id)
-                    sigs.append(record.signature)
-            if ids:
-                _fill_bands(
-                    txn, store._band_dbs, ids, np.stack(sigs), store.banding,
-                    store.config.seed, store._band_layout,
-                )  # fmt: skip
-            return len(ids)
+                index = codec.key_index(raw, is_str)
+                if txn.put(index, raw_id, db=store._keys_db, overwrite=overwrite):
+                    indexed.append((raw_id, record.signature))
+                else:
+                    held.append((raw_id, record.signature))
+            fill(indexed)
+            return len(indexed), held
 
         restored = 0
         misplaced: list[tuple[bytes, bytes]] = []
@@ -554,7 +561,7 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
             for raw_id, value in batch:
                 is_id = len(raw_id) == 8 and codec.decode_id(raw_id) < id_limit
                 (placed if is_id else misplaced).append((raw_id, value))
-            restored += index_records(placed)
+            restored += index_records(placed)[0]
         moved: list[tuple[bytes, bytes]] = []
         for raw_id, value in misplaced:  # a record under a key that is no id gets an id
             if next_id >= id_limit:
@@ -564,7 +571,19 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
             next_id += 1
         for new_id, value in moved:  # (not appended: a misplaced key may still sort last)
             txn.put(new_id, value, db=store._docs_db)
-        restored += index_records(moved, overwrite=False)  # the key's own document wins
+        count, held = index_records(moved, overwrite=False)
+        restored += count
+        # A moved record whose key a record with an id holds is, having no id to say
+        # otherwise, that key's older version: it is removed, as a replacement leaves the
+        # record it replaced (awaiting a purge, or at once in formats without one). Kept
+        # under its new, newest id, it would take the key at the next repair.
+        records = dict(moved)
+        for new_id, _ in held:
+            txn.delete(new_id, db=store._docs_db)
+            if store._removed_db is not None:
+                txn.put(new_id, records[new_id], db=store._removed_db)
+        if store._removed_db is not None:
+            fill(held)
         for index, raw_id in naming:  # unless a readable record holds the key now
             txn.put(index, raw_id, db=store._keys_db, overwrite=False)
         txn.put(b"next_doc_id", codec.pack_meta(next_id), db=store._meta_db)

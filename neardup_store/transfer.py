@@ -16,8 +16,10 @@ import contextlib
 import fcntl
 import glob
 import io
+import lzma
 import os
 import shutil
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
@@ -169,6 +171,11 @@ def _check_binary(stream: object, mode: str) -> None:
         )
 
 
+_READ_FAILURES = (OSError, EOFError, zlib.error, lzma.LZMAError)
+"""What a source stream raises when it cannot be read: an I/O error, or a compressed file
+(``gzip.open``, ``bz2``, ``lzma``) cut short (``EOFError``) or damaged."""
+
+
 class _Counting:
     """A read-only stream wrapper counting the bytes handed to the unpacker.
 
@@ -184,8 +191,9 @@ class _Counting:
     def read(self, size: int = -1) -> bytes:
         try:
             data = self._read(size)
-        except OSError as err:  # the source's failure, typed: the stream could not be read
-            raise StreamReadError(self.consumed, err.strerror or str(err)) from err
+        except _READ_FAILURES as err:  # the source's failure, typed: the stream could not be read
+            detail = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            raise StreamReadError(self.consumed, detail) from err
         self.consumed += len(data)
         return data
 

@@ -29,6 +29,7 @@ import xxhash
 from . import _faults, codec
 from .errors import (
     BAD_ID_ADVICE,
+    MISSING_RECORD_ADVICE,
     PURGE_ADVICE,
     CorruptRecordError,
     DocumentError,
@@ -235,7 +236,9 @@ class ReadTxn:
     def _record(self, doc_id: bytes) -> bytes:
         record = self._live.get(doc_id, db=self._store._docs_db)
         if record is None:
-            raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
+            raise CorruptRecordError(
+                codec.decode_id(doc_id), "indexed but missing", MISSING_RECORD_ADVICE
+            )
         return bytes(record)
 
     # -- reading -------------------------------------------------------------------------
@@ -645,7 +648,9 @@ class ReadTxn:
         """Raise unless ``doc_id`` is a removed document awaiting a purge."""
         removed = self._store._removed_db
         if removed is None or self._live.get(doc_id, db=removed) is None:
-            raise CorruptRecordError(codec.decode_id(doc_id), "indexed but missing")
+            raise CorruptRecordError(
+                codec.decode_id(doc_id), "indexed but missing", MISSING_RECORD_ADVICE
+            )
 
     def awaiting_purge(self) -> int:
         """How many removed documents still have band entries for a purge to delete (a
@@ -1103,7 +1108,9 @@ class WriteTxn(ReadTxn):
             rows = [(bytes(doc_id), bytes(record)) for doc_id, record in cursor.getmulti(ids)]
         if len(rows) < len(ids):
             missing = min(set(ids).difference(doc_id for doc_id, _ in rows))
-            raise CorruptRecordError(codec.decode_id(missing), "indexed but missing")
+            raise CorruptRecordError(
+                codec.decode_id(missing), "indexed but missing", MISSING_RECORD_ADVICE
+            )
         doomed = self._band_entries_of(rows) if store._removed_db is None else []
         self._unlinked = True
         with self._writing():
