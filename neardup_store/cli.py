@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib.util
+import io
 import json
 import os
 import re
@@ -97,14 +98,64 @@ _STDOUT = "stdout"
 
 @contextlib.contextmanager
 def _named_stdout() -> Iterator[None]:
-    """Standard output, for the length of a command, as a stream whose errors name it."""
-    stdout = sys.stdout
-    if stdout is not None:  # None when closed (``>&-``): Click then prints nothing
-        sys.stdout = _NamedStream(stdout, _STDOUT)  # type: ignore[assignment]
+    """Standard output, for the length of a command, as a stream whose errors name it;
+    a closed standard stream (``>&-``, ``<&-``: Python's ``sys.stdout`` or ``sys.stdin``
+    is then ``None``) as one whose every use is an error naming it."""
+    stdout, stdin = sys.stdout, sys.stdin
+    sys.stdout = (  # type: ignore[assignment]
+        _ClosedStream(_STDOUT, "write") if stdout is None else _NamedStream(stdout, _STDOUT)
+    )
+    if stdin is None:
+        sys.stdin = _ClosedStream("stdin", "read")  # type: ignore[assignment]
     try:
         yield
     finally:
-        sys.stdout = stdout
+        sys.stdout, sys.stdin = stdout, stdin
+
+
+class _ClosedStream(io.RawIOBase):
+    """A standard stream the shell closed: using it raises an ``OSError`` naming it,
+    which the group's handler reports as one ``Error:`` line, exit 2 (a ``-`` argument
+    crashed with a traceback, some after their batches had committed)."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def __init__(self, name: str, verb: str) -> None:
+        super().__init__()
+        self._name, self._verb = name, verb
+
+    def _closed(self) -> OSError:
+        where = "nowhere to write" if self._verb == "write" else "nothing to read"
+        error = OSError(errno.EBADF, f"closed, so there is {where}; name a file instead of -")
+        error.filename = self._name
+        return error
+
+    @property
+    def buffer(self) -> _ClosedStream:  # the bytes under a text stream: the same
+        return self
+
+    def readable(self) -> bool:
+        return self._verb == "read"
+
+    def writable(self) -> bool:
+        return self._verb == "write"
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise self._closed()
+
+    def readinto(self, buffer: Any) -> int:
+        if not len(buffer):
+            return 0  # (Click asks for nothing to learn whether a stream gives bytes)
+        raise self._closed()
+
+    def write(self, data: Any) -> int:
+        raise self._closed()
+
+    def flush(self) -> None:
+        return None  # nothing written, nothing to flush (also at exit)
 
 
 class _NamedStream:
@@ -1359,12 +1410,7 @@ def export(path: str, out: str, as_json: bool) -> None:
 
 
 def _stdout_bytes() -> IO[bytes]:
-    """Standard output's byte stream; none when it is closed (``>&-``: Python's
-    ``sys.stdout`` is then ``None``), where the export would have nowhere to go."""
-    if sys.stdout is None:
-        raise InputError(
-            f"{_STDOUT}: closed, so there is nowhere to write; name a file instead of -"
-        )
+    """Standard output's byte stream (see :func:`_named_stdout` for a closed one)."""
     return sys.stdout.buffer
 
 

@@ -118,6 +118,12 @@ def path_of(value: object) -> Path:
     raise InvalidParameterError("path", value, "a file system path: a str or os.PathLike")
 
 
+def real_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` with its links resolved, as far as they go: ``Path.resolve`` raises a raw
+    ``RuntimeError`` on a loop of links, which the open or write that follows reports."""
+    return Path(os.path.realpath(path))
+
+
 class DocumentError(NeardupError):
     """An error about one document of a call; ``index`` is its position among the call's
     documents (``None`` for a call that takes one). The message is made from the

@@ -50,6 +50,7 @@ from .errors import (
     check_progress,
     integer,
     path_of,
+    real_path,
 )
 from .integrity import (
     VIOLATION_KINDS,
@@ -722,12 +723,12 @@ def backup(
 def _backup_place(store: Store, target: Path) -> tuple[Path, bool]:
     """Where the backup goes (absolute, links resolved), once checked, and whether it is an
     existing directory; killed backups' leftovers there are deleted, a missing parent made."""
-    if target.resolve().is_relative_to(store.path.resolve()):
+    if real_path(target).is_relative_to(real_path(store.path)):
         raise InvalidParameterError("path", str(target), "a directory outside the store")
     if target.exists():
         if not target.is_dir():
             raise InvalidParameterError("path", str(target), "a new or empty directory")
-        place = target.resolve()
+        place = real_path(target)
         try:
             _remove_backup_leftovers(place, _BACKUP_PREFIX)
             empty = not any(place.iterdir())

@@ -14,9 +14,11 @@ Operational rules the store enforces:
 * Committed means synced to disk, unless the store was opened with ``durable=False``
   (bulk loads): then a commit survives a crash of the process but not of the machine.
 * Opening a store waits while another process is inside a write transaction: py-lmdb
-  opens table handles under LMDB's write lock. Already open stores never wait to read;
-  writers should keep transactions to bounded batches (``add_many`` does, sized by
-  :meth:`Store.transaction_size`).
+  opens table handles under LMDB's write lock. Already open stores never wait for a
+  writer to read; writers should keep transactions to bounded batches (``add_many`` does,
+  sized by :meth:`Store.transaction_size`). The one wait a read can meet is its own
+  process's: adopting a map another process grew ends every snapshot of the process
+  (py-lmdb), so the read waits for the others to end (:meth:`Store._resize`).
 * A full disk (or file-size limit) is a :class:`StoreFullError` and rolls the transaction
   back; the same transaction commits once there is room. The environment is never opened
   with LMDB's ``writemap``: writing through a shared map turns a full disk into SIGBUS,

@@ -40,6 +40,7 @@ from .errors import (
     check_flags,
     check_progress,
     path_of,
+    real_path,
 )
 from .lsh import LSHParams
 from .minhash import MinHashConfig
@@ -112,7 +113,7 @@ def export_file(
     """
     target = path_of(path)
     check_progress(progress)
-    if target.resolve().is_relative_to(store.path.resolve()):
+    if real_path(target).is_relative_to(real_path(store.path)):
         raise InvalidParameterError("path", str(target), "a file outside the store's directory")
     if target.is_dir():
         raise InvalidParameterError("path", str(target), "a file, not a directory")

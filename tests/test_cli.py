@@ -1718,14 +1718,29 @@ def test_a_cut_short_import_into_a_store_says_how_to_finish_it_and_that_works(
         assert sorted(opened) == sorted(source) and opened.check().ok
 
 
-def test_export_to_a_closed_stdout_is_one_error_line(store_path: Path) -> None:
-    """``export STORE - >&-`` died with an AttributeError traceback, exit 1 (review 20)."""
-    done = _admin("export", store_path, "-", preexec_fn=lambda: os.close(1))
+@pytest.mark.parametrize(
+    ("closed", "command"),
+    [(1, ["export", "{store}", "-"]), (1, ["info", "{store}"]),
+     (1, ["add", "{store}", "{input}", "--jsonl", "--replace", "--report", "-"]),
+     (0, ["import", "-", "{tmp}/new.ndx"]), (0, ["query", "{store}", "--jsonl", "-"]),
+     (0, ["remove", "{store}", "--from-file", "-"]), (0, ["add", "{store}", "-", "--jsonl"])],
+)  # fmt: skip
+def test_a_closed_standard_stream_is_one_error_line(
+    store_path: Path, tmp_path: Path, closed: int, command: list[str]
+) -> None:
+    """``export STORE - >&-`` died with an AttributeError traceback, exit 1 (review 20),
+    and so did every other ``-`` with its stream closed, ``add`` after its batches had
+    committed (review 25)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "text": "a document of a few words"}\n')
+    names = {"store": store_path, "tmp": tmp_path, "input": source}
+    args = [part.format(**names) for part in command]
+    done = _admin(*args, preexec_fn=lambda: os.close(closed))
     assert done.returncode == 2, done.stderr
-    assert (
-        done.stderr
-        == "Error: stdout: closed, so there is nowhere to write; name a file instead of -\n"
-    )
+    assert "Traceback" not in done.stderr
+    where = "nowhere to write" if closed else "nothing to read"
+    assert done.stderr.splitlines()[0].startswith("Error: ") and where in done.stderr
+    assert not (tmp_path / "new.ndx").exists()
 
 
 @pytest.mark.parametrize(

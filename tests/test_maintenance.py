@@ -42,6 +42,7 @@ from neardup_store.errors import (
     DuplicateKeyError,
     InvalidParameterError,
     InvalidStreamError,
+    OutputWriteError,
     ReadOnlyError,
     StoreBusyError,
     StoreFullError,
@@ -1383,6 +1384,20 @@ def test_backup_and_compact_leave_out_a_main_table_entry_that_is_not_a_table(
         assert store.check().ok and _contents(store) == expected
     with Store.open(tmp_path / "backup.ndx") as copy:
         assert copy.check().ok and _contents(copy) == expected
+
+
+def test_a_loop_of_links_as_an_export_or_backup_path_is_no_raw_error(
+    store: Store, tmp_path: Path
+) -> None:
+    """Path.resolve raised a raw RuntimeError on a loop of links (review 25): the export
+    replaces the link with its file, as over any link; the backup cannot go there."""
+    first, second = tmp_path / "loop-1", tmp_path / "loop-2"
+    first.symlink_to(second)
+    second.symlink_to(first)
+    with pytest.raises(OutputWriteError):
+        store.backup(second)
+    assert store.export_file(first) == len(store)
+    assert first.is_file() and not first.is_symlink()
 
 
 def test_export_file_appears_whole_or_not_at_all(store: Store, tmp_path: Path) -> None:
