@@ -27,7 +27,10 @@ fsynced outputs, so it counts as committed either way. Outputs are then truncate
 recorded sizes and reading continues at the recorded input offset, so the final outputs
 equal those of an uninterrupted run. The sidecar also keeps a digest of the input's last
 4 KiB before that offset: an input that was replaced (or cut shorter) is refused, and
-lines appended to an input after the job finished are read by the next run.
+lines appended to an input after the job finished are read by the next run. It records
+the key of the last document kept, too: a store that lacks it (made anew, or restored from
+a backup older than the job's last batches) is refused, since a run against it would keep
+again what the job kept.
 """
 
 from __future__ import annotations
@@ -49,7 +52,13 @@ import numpy.typing as npt
 import xxhash
 
 from . import codec
-from .errors import EmptyDocumentError, InputTypeError, InvalidParameterError, NeardupError
+from .errors import (
+    EmptyDocumentError,
+    InputTypeError,
+    InvalidParameterError,
+    NeardupError,
+    real_path,
+)
 from .params import valid_threshold
 from .similarity import estimate_jaccard
 from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size
@@ -68,12 +77,12 @@ its lines (and their outputs) in memory, and dedup's time goes to its queries mo
 to the pages its writes copy (a scratch run of 20k documents into a 1M store: 4.3-4.9k
 docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
-_STATE_VERSION = 2  # 2: positions carry input_tail (a version 1 file resumes unchecked)
-_READABLE_STATES = (1, 2)
+_STATE_VERSION = 3  # positions add input_tail in 2, last_kept in 3 (unchecked in older files)
+_READABLE_STATES = (1, 2, 3)
 _STATE_FIELDS = frozenset({"version", "job", "committed", "pending", "probe_key", "done"})
 _JOB_FIELDS = ("input", "keep", "dropped", "store", "id_field", "text_field", "threshold")
 _COUNTS = ("line", "input_offset", "keep_bytes", "dropped_bytes", "batches", "kept", "dropped")
-_NEWER_FIELDS = frozenset({"already_stored", "input_tail"})  # may be absent from version 1
+_NEWER_FIELDS = {"already_stored": 2, "input_tail": 2, "last_kept": 3}  # the version adding it
 
 
 # -- records and reports ---------------------------------------------------------------------
@@ -278,6 +287,8 @@ def _read_inputs(
                 yield from _read_file(file, jsonl, id_field, text_field, encoding)
         elif target.exists():
             yield from _read_file(target, jsonl, id_field, text_field, encoding)
+        elif (err := _stat_error(target)) is not None:  # a symbolic-link loop, say
+            yield _unreadable(name, err)
         else:
             yield Failure(name, "no such file or directory", name, error="FileNotFoundError")
 
@@ -326,6 +337,19 @@ def _read_stream(
         yield Record(name, decode_text(data, encoding), None, name, file=name)
     except UnicodeError as err:
         yield Failure(name, _decode_reason(err, encoding), name, error=type(err).__name__)
+
+
+def _stat_error(path: Path) -> OSError | None:
+    """Why ``path`` cannot be looked at (a symbolic-link loop, a directory that cannot be
+    searched), or ``None`` if it can or simply does not exist: ``Path.exists`` says only
+    ``False`` for a loop."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return err
+    return None
 
 
 def _unreadable(name: str, err: OSError) -> Failure:
@@ -747,6 +771,7 @@ class _Position:
     failed: list[list[Any]] = field(default_factory=list)
     already_stored: int = 0
     input_tail: str | None = None  # :func:`_tail_digest` at input_offset (newer files)
+    last_kept: str | None = None  # the key last kept: the store must hold it (newer files)
 
     def copy(self) -> _Position:
         return _Position(**{**vars(self), "failed": list(self.failed)})
@@ -781,8 +806,10 @@ def dedup(
 
     Raises:
         Interrupted: on ``KeyboardInterrupt`` (rerun to resume).
-        DedupStateError: the progress file belongs to a different job, or the input is
-            not the one it read (replaced or truncated).
+        DedupStateError: the progress file belongs to a different job, the input is not
+            the one it read (replaced or truncated), an output is shorter than it records,
+            or the store lacks what the job kept (not the store it wrote to, or an older
+            state of it).
     """
     check_batch_size(batch_size, allow_auto=False)
     fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
@@ -795,6 +822,7 @@ def dedup(
             path.open("wb").close()
     else:
         at, done = _resolve(store, state), state.done
+        _check_store(store, at, sidecar)  # before anything is written
         resumed_from = at.line
         grown = _check_input(paths[0], at, sidecar)  # on every resume, finished or not
         done = done and not grown  # lines appended to a finished job's input: read on
@@ -898,7 +926,14 @@ def _checked_job(
     and the progress file's state, if there is one, refused if it records another job."""
     if fields["threshold"] is not None:
         fields = {**fields, "threshold": valid_threshold(fields["threshold"])}
-    paths = [Path(p).resolve() for p in (input_jsonl_path, keep_path, dropped_path)]
+    paths = [real_path(p) for p in (input_jsonl_path, keep_path, dropped_path)]
+    for name, path in zip(("input", "keep", "dropped"), paths, strict=True):
+        if (err := _stat_error(path)) is not None:
+            shown = input_jsonl_path if name == "input" else path
+            reason = err.strerror or err
+            raise InvalidParameterError(
+                name, str(shown), f"a path that can be opened (it gives: {reason})"
+            )
     if not paths[0].is_file():
         raise InvalidParameterError(
             "input",
@@ -917,7 +952,7 @@ def _checked_job(
                 str(path),
                 "a regular file (a resumed job cuts it back to the size it records)",
             )
-    sidecar = progress_path(keep_path).resolve()
+    sidecar = real_path(progress_path(keep_path))
     refuse_clashing_paths(
         [("input", paths[0])], [*outputs, ("progress file", sidecar)], Path(store_path)
     )
@@ -925,7 +960,7 @@ def _checked_job(
         "input": str(paths[0]),
         "keep": str(paths[1]),
         "dropped": str(paths[2]),
-        "store": str(Path(store_path).resolve()),
+        "store": str(real_path(store_path)),
         **fields,
     }
     return paths, job, _load_state(sidecar, job)
@@ -936,29 +971,69 @@ def refuse_clashing_paths(
     outputs: Sequence[tuple[str, Path]],
     store_dir: str | os.PathLike[str],
 ) -> None:
-    """Refuse an output that is one of the named inputs, another output, or a path in the
-    store's directory, symbolic and hard links included: opening it for writing empties
-    it, which would destroy that file (the store's data file, say) before anything could
-    be checked. Each pair is ``(name for the message, path)``.
+    """Refuse an output that is one of the named inputs, lies in one that is a directory,
+    is another output, or is a file in the store's directory, symbolic and hard links
+    included: opening it for writing empties it, which would destroy that file (a document
+    to read, the store's data file) before anything could be checked. Each pair is
+    ``(name for the message, path)``. A path that cannot be looked at (a symbolic-link
+    loop) is left for its open to report.
 
     Raises:
         InvalidParameterError: naming the output and what it must differ from.
     """
-    named = [(name, Path(path).resolve()) for name, path in [*inputs, *outputs]]
+    named = [(name, real_path(path)) for name, path in [*inputs, *outputs]]
+    ids = [_file_id(path) for _, path in named]
     for i, (first, first_path) in enumerate(named):
-        for second, second_path in named[max(i + 1, len(inputs)) :]:
-            if first_path == second_path or (
-                first_path.exists() and second_path.exists() and first_path.samefile(second_path)
-            ):
+        for j in range(max(i + 1, len(inputs)), len(named)):
+            second, second_path = named[j]
+            if first_path == second_path or (ids[i] is not None and ids[i] == ids[j]):
                 raise InvalidParameterError(
                     second.replace(" ", "_"), str(second_path), f"a file other than the {first}"
                 )
-    store = Path(store_dir).resolve()
-    for name, path in named[len(inputs) :]:
+    store = real_path(store_dir)
+    directories = [(name, path) for name, path in named[: len(inputs)] if path.is_dir()]
+    protected: dict[tuple[int, int], Path] | None = None
+    for (name, path), identity in zip(named[len(inputs) :], ids[len(inputs) :], strict=True):
+        name = name.replace(" ", "_")
         if path.is_relative_to(store):
+            raise InvalidParameterError(name, str(path), "a path outside the store's directory")
+        for directory_name, directory in directories:
+            if path.is_relative_to(directory):
+                raise InvalidParameterError(
+                    name, str(path), f"a path outside the {directory_name} directory {directory}"
+                )
+        if identity is None:
+            continue
+        if protected is None:  # only for an output that exists: the walk costs a stat a file
+            protected = _file_ids([store, *(directory for _, directory in directories)])
+        if identity in protected:
             raise InvalidParameterError(
-                name.replace(" ", "_"), str(path), "a path outside the store's directory"
+                name, str(path), f"a file other than {protected[identity]} (a link to it)"
             )
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file ``path`` names (links followed), which its hard
+    links share; ``None`` if there is none to look at (missing, a loop...)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _file_ids(directories: Sequence[Path]) -> dict[tuple[int, int], Path]:
+    """:func:`_file_id` of every file under ``directories`` (those that exist), mapped to
+    the file's path."""
+    found: dict[tuple[int, int], Path] = {}
+    for directory in directories:
+        for root, _, files in os.walk(directory):
+            for name in files:
+                file = Path(root, name)
+                identity = _file_id(file)
+                if identity is not None:
+                    found.setdefault(identity, file)
+    return found
 
 
 def _read_lines(
@@ -1077,6 +1152,7 @@ def _dedup_batch(
                 probe = key if probe is None else probe
                 keep_out.append(raw.rstrip(b"\r\n") + b"\n")
                 new.kept += 1
+                new.last_kept = key
             else:
                 best = result.matches[0]
                 out = {**obj, "duplicate_of": key_text(best.key), "score": round(best.score, 6)}
@@ -1244,9 +1320,10 @@ def _check_job(value: object) -> None:
 
 
 def _checked_position(value: object, where: str, version: int) -> _Position:
-    """A saved position as a :class:`_Position`; version 1 files may lack the newer fields."""
-    known = frozenset(_COUNTS) | {"failed"} | _NEWER_FIELDS
-    position = _fields(value, known - _NEWER_FIELDS if version == 1 else known, known, where)
+    """A saved position as a :class:`_Position`; older files lack the newer fields."""
+    known = frozenset(_COUNTS) | {"failed"} | _NEWER_FIELDS.keys()
+    required = known - {name for name, since in _NEWER_FIELDS.items() if since > version}
+    position = _fields(value, required, known, where)
     for name in (*_COUNTS, "already_stored"):
         if name in position and not _is_count(position[name]):
             raise _StateFieldError(
@@ -1255,6 +1332,9 @@ def _checked_position(value: object, where: str, version: int) -> _Position:
     tail = position.get("input_tail")
     if tail is not None and not _is_digest(tail):
         raise _StateFieldError(f"{where}.input_tail is {_shown(tail)}, not 16 hex digits or null")
+    last_kept = position.get("last_kept")
+    if last_kept is not None and not isinstance(last_kept, str):
+        raise _StateFieldError(f"{where}.last_kept is {_shown(last_kept)}, not a string or null")
     failed = position["failed"]
     if not isinstance(failed, list):
         raise _StateFieldError(f"{where}.failed is {_shown(failed)}, not a list")
@@ -1298,6 +1378,26 @@ def _resolve(store: Store, state: _State) -> _Position:
     return state.committed
 
 
+def _check_store(store: Store, at: _Position, sidecar: Path) -> None:
+    """Refuse to resume against a store that lacks the job's committed work (one made
+    anew, or restored from a backup older than the job's last batches): the run would keep
+    again what the job kept before. Files from before version 3 record no last key, so
+    only their kept count is checked."""
+    if at.last_kept is not None and at.last_kept not in store:
+        lacks = f"the last document the job kept, {key_text(at.last_kept)!r}"
+    elif (documents := len(store)) < at.kept:
+        lacks = f"the {at.kept} documents the job kept (it holds {documents})"
+    else:
+        return
+    raise DedupStateError(
+        str(sidecar),
+        f"the store {store.path} lacks {lacks}: it is not the store the job wrote to, or "
+        "an older state of it (made anew, or restored from an older backup), and resuming "
+        "would keep again what the job kept",
+        resume="restore the store the job wrote to, in its latest state, and rerun",
+    )
+
+
 def _truncate(path: Path, size: int, sidecar: Path) -> None:
     """Cut an output back to its recorded size (it may hold an uncommitted batch)."""
     try:
@@ -1306,6 +1406,9 @@ def _truncate(path: Path, size: int, sidecar: Path) -> None:
         actual = -1
     if actual < size:
         raise DedupStateError(
-            str(sidecar), f"{path} is shorter than recorded ({max(actual, 0)} < {size} bytes)"
+            str(sidecar),
+            f"{path} is shorter than recorded ({max(actual, 0)} < {size} bytes): it was "
+            "deleted or cut short",
+            resume=f"put back the complete {path.name}",
         )
     os.truncate(path, size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -742,3 +743,168 @@ def test_a_resumed_dedup_tells_on_batch_where_it_resumed(
     report = _dedup(store, archive, out, batch_size=16, on_batch=seen.append)
     assert report.resumed_from == 16 and seen
     assert {p.resumed_from for p in seen} == {16}
+
+
+def test_an_output_inside_an_input_directory_is_refused(tmp_path: Path) -> None:
+    """``add --report docs/a1.txt`` with ``docs`` an input emptied that document before it
+    was read (review 25 #1)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a1.txt").write_text("a document to keep")
+    for report in [docs / "a1.txt", docs / "sub" / "new.jsonl"]:
+        with pytest.raises(InvalidParameterError, match="outside the input directory"):
+            ingest_module.refuse_clashing_paths(
+                [("input", docs)], [("report", report)], tmp_path / "s.ndx"
+            )
+    assert (docs / "a1.txt").read_text() == "a document to keep"
+
+
+def test_an_output_hard_linked_to_a_store_or_input_file_is_refused(
+    tmp_path: Path, store: Store, archive: Path
+) -> None:
+    """A hard link of data.mdb outside the store's directory, as ``--report`` or
+    ``--keep``, emptied the store (review 25 #5); so did a link of a document in an input
+    directory."""
+    store.add("a", "a stored document of several words")
+    data = tmp_path / "snapshot-data.mdb"
+    os.link(Path(store.path) / "data.mdb", data)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a1.txt").write_text("a document to keep")
+    document = tmp_path / "linked.txt"
+    os.link(docs / "a1.txt", document)
+    for output in [data, document]:
+        with pytest.raises(InvalidParameterError, match=r"a file other than .* \(a link to it\)"):
+            ingest_module.refuse_clashing_paths([("input", docs)], [("report", output)], store.path)
+    with pytest.raises(InvalidParameterError, match=r"data\.mdb \(a link to it\)"):
+        ingest_module.check_dedup_paths(archive, data, tmp_path / "dropped.jsonl", store.path)
+    assert len(store) == 1 and (docs / "a1.txt").read_text() == "a document to keep"
+
+
+def test_symbolic_link_loops_are_reported_not_raised(
+    tmp_path: Path, store: Store, archive: Path
+) -> None:
+    """Path.resolve() raised RuntimeError on a loop: add and dedup ended in a traceback
+    (review 25 #3). A loop is now an unreadable input, or a usage error for dedup."""
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    loop = tmp_path / "loop1"
+    ingest_module.refuse_clashing_paths([("input", loop)], [("report", loop / "r")], store.path)
+    ingest_module.refuse_clashing_paths([("input", archive)], [("report", loop)], store.path)
+    (failure,) = list(read_inputs([loop]))
+    assert isinstance(failure, Failure)
+    assert failure.reason == "cannot read it: Too many levels of symbolic links"
+    dropped = tmp_path / "dropped.jsonl"
+    for name, paths in [("input", (loop, tmp_path / "k.jsonl")), ("keep", (archive, loop))]:
+        with pytest.raises(InvalidParameterError, match=f"^{name}=.*Too many levels"):
+            ingest_module.check_dedup_paths(*paths, dropped, store.path)
+    with pytest.raises(InvalidParameterError, match="Too many levels"):
+        dedup(store, archive, loop, dropped)
+
+
+def _finished_job_then(tmp_path: Path, archive: Path, replace_store: Callable[[Path], None]) -> Any:
+    """A dedup job run to its end (after an interruption at batch 2, whose store is kept
+    as ``backup``), its store then replaced by ``replace_store``, two lines appended to
+    the input, and the job run again: the error it raises."""
+    out, store_dir = tmp_path / "out", tmp_path / "job.ndx"
+    out.mkdir()
+    with Store.open(store_dir, create=True, threshold=0.7) as store, pytest.raises(Interrupted):
+        _dedup(store, archive, out, batch_size=16, on_batch=_stop_at(2))
+    shutil.copytree(store_dir, tmp_path / "backup")
+    with Store.open(store_dir) as store:
+        _dedup(store, archive, out, batch_size=16)
+    replace_store(store_dir)
+    lines = archive.read_text().splitlines()
+    with archive.open("a") as more:  # copies of the last two lines, under new keys
+        for line in lines[-2:]:
+            more.write(json.dumps({**json.loads(line), "id": "copy-" + json.loads(line)["id"]}))
+            more.write("\n")
+    before = {p: p.read_bytes() for p in out.iterdir()}
+    with Store.open(store_dir) as store:
+        documents = len(store)
+        with pytest.raises(DedupStateError) as caught:
+            _dedup(store, archive, out, batch_size=16)
+        assert len(store) == documents
+    assert before == {p: p.read_bytes() for p in out.iterdir()}
+    return caught.value
+
+
+def _made_anew(store_dir: Path) -> None:
+    shutil.rmtree(store_dir)
+    Store.open(store_dir, create=True, threshold=0.7).close()
+
+
+def _restored_from_backup(store_dir: Path) -> None:
+    _restored_from(store_dir.parent / "backup", store_dir)
+
+
+def _restored_from(copy: Path, store_dir: Path) -> None:
+    shutil.rmtree(store_dir)
+    shutil.copytree(copy, store_dir)
+
+
+@pytest.mark.parametrize("replace_store", [_made_anew, _restored_from_backup])
+def test_dedup_refuses_to_resume_against_a_store_without_the_jobs_work(
+    tmp_path: Path, archive: Path, replace_store: Callable[[Path], None]
+) -> None:
+    """A store made anew by init, or restored from an older backup, was resumed against:
+    the job kept again documents it had kept (review 25 #2)."""
+    err = _finished_job_then(tmp_path, archive, replace_store)
+    message = str(err)
+    assert "lacks the last document the job kept" in message
+    assert "restore the store the job wrote to, in its latest state" in message
+
+
+def test_dedup_resumes_a_version_2_progress_file_checking_the_kept_count(
+    tmp_path: Path, archive: Path
+) -> None:
+    """A version 2 progress file records no last kept key: its kept count is checked
+    against the store instead (review 25 #2), and against the right store it resumes."""
+
+    def as_version_2(store_dir: Path) -> None:
+        sidecar = progress_path(tmp_path / "out" / "keep.jsonl")
+        state = json.loads(sidecar.read_text())
+        for name in ("committed", "pending"):
+            if state[name] is not None:
+                state[name].pop("last_kept", None)
+        sidecar.write_text(json.dumps({**state, "version": 2}))
+        shutil.copytree(store_dir, tmp_path / "real")
+        _made_anew(store_dir)
+
+    err = _finished_job_then(tmp_path, archive, as_version_2)
+    assert "documents the job kept (it holds 0)" in str(err)
+    _restored_from(tmp_path / "real", tmp_path / "job.ndx")
+    with Store.open(tmp_path / "job.ndx") as store:
+        report = _dedup(store, archive, tmp_path / "out", batch_size=16)
+        documents = len(store)
+    kept = (tmp_path / "out" / "keep.jsonl").read_text().splitlines()
+    assert report.resumed_from is not None and report.kept == documents == len(kept)
+
+
+def test_dedup_refuses_a_progress_file_whose_last_kept_is_no_key(
+    store: Store, archive: Path
+) -> None:
+    """The new last_kept field is checked like the others (review 25 #2)."""
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=40)
+    sidecar = progress_path(out / "keep.jsonl")
+    state = json.loads(sidecar.read_text())
+    assert state["version"] == 3 and isinstance(state["committed"]["last_kept"], str)
+    sidecar.write_text(json.dumps({**state, **_in_committed(last_kept=7)(state)}))
+    with pytest.raises(DedupStateError, match=r"committed\.last_kept is 7, not a string"):
+        _dedup(store, archive, out, batch_size=40)
+
+
+@pytest.mark.parametrize("output", ["keep.jsonl", "dropped.jsonl"])
+def test_dedup_advises_putting_back_an_output_cut_short(
+    store: Store, archive: Path, output: str
+) -> None:
+    """A deleted keep file was refused with "rerun with the same arguments to resume",
+    which failed the same way every time (review 25 #7)."""
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=40)
+    (out / output).write_bytes(b"")
+    with pytest.raises(DedupStateError) as caught:
+        _dedup(store, archive, out, batch_size=40)
+    assert f"put back the complete {output} to resume" in str(caught.value)
+    assert "rerun" not in str(caught.value)
