@@ -98,13 +98,15 @@ _STDOUT = "stdout"
 
 @contextlib.contextmanager
 def _named_stdout() -> Iterator[None]:
-    """Standard output, for the length of a command, as a stream whose errors name it;
-    a closed standard stream (``>&-``, ``<&-``: Python's ``sys.stdout`` or ``sys.stdin``
-    is then ``None``) as one whose every use is an error naming it."""
+    """Standard output, for the length of a command, as a stream whose errors name it,
+    and a closed standard input (``<&-``: Python's ``sys.stdin`` is then ``None``) as one
+    whose every read is an error naming it: only a ``-`` argument reads it. A closed
+    standard output stays ``None``, which Click's messages skip (``init >&-`` makes its
+    store and exits 0); the ``-`` arguments that write their product there ask
+    :func:`_stdout_for_dash`."""
     stdout, stdin = sys.stdout, sys.stdin
-    sys.stdout = (  # type: ignore[assignment]
-        _ClosedStream(_STDOUT, "write") if stdout is None else _NamedStream(stdout, _STDOUT)
-    )
+    if stdout is not None:
+        sys.stdout = _NamedStream(stdout, _STDOUT)  # type: ignore[assignment]
     if stdin is None:
         sys.stdin = _ClosedStream("stdin", "read")  # type: ignore[assignment]
     try:
@@ -113,10 +115,18 @@ def _named_stdout() -> Iterator[None]:
         sys.stdout, sys.stdin = stdout, stdin
 
 
+def _stdout_for_dash() -> None:
+    """Refuse ``-`` as an output while standard output is closed (``>&-``), before any
+    work: the product would go nowhere (``export -`` crashed with a traceback, ``add
+    --report -`` after its batches had committed)."""
+    if sys.stdout is None:
+        raise _ClosedStream(_STDOUT, "write").closed_error()
+
+
 class _ClosedStream(io.RawIOBase):
     """A standard stream the shell closed: using it raises an ``OSError`` naming it,
     which the group's handler reports as one ``Error:`` line, exit 2 (a ``-`` argument
-    crashed with a traceback, some after their batches had committed)."""
+    crashed with a traceback)."""
 
     encoding, errors = "utf-8", "strict"
 
@@ -124,7 +134,7 @@ class _ClosedStream(io.RawIOBase):
         super().__init__()
         self._name, self._verb = name, verb
 
-    def _closed(self) -> OSError:
+    def closed_error(self) -> OSError:
         where = "nowhere to write" if self._verb == "write" else "nothing to read"
         error = OSError(errno.EBADF, f"closed, so there is {where}; name a file instead of -")
         error.filename = self._name
@@ -144,15 +154,15 @@ class _ClosedStream(io.RawIOBase):
         return False
 
     def fileno(self) -> int:
-        raise self._closed()
+        raise self.closed_error()
 
     def readinto(self, buffer: Any) -> int:
         if not len(buffer):
             return 0  # (Click asks for nothing to learn whether a stream gives bytes)
-        raise self._closed()
+        raise self.closed_error()
 
     def write(self, data: Any) -> int:
-        raise self._closed()
+        raise self.closed_error()
 
     def flush(self) -> None:
         return None  # nothing written, nothing to flush (also at exit)
@@ -320,7 +330,7 @@ def _show_progress() -> bool:
     """Progress bars only on a terminal (stderr) and not under --quiet."""
     ctx = click.get_current_context()
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
-    return not quiet and sys.stderr.isatty()
+    return not quiet and sys.stderr is not None and sys.stderr.isatty()  # (None: 2>&-)
 
 
 @contextlib.contextmanager
@@ -755,7 +765,9 @@ def _open_report(report: str, inputs: tuple[str, ...], store: str) -> IO[str]:
     that cannot be written is refused before, not after, every batch has committed; but
     only once it is known to be neither an input nor a file of the store, which emptying
     it would destroy (as ``dedup`` refuses for its outputs)."""
-    if report != ingest.STDIN:
+    if report == ingest.STDIN:
+        _stdout_for_dash()
+    else:
         named = [("input", Path(p)) for p in inputs if p != ingest.STDIN]
         ingest.refuse_clashing_paths(named, [("report", Path(report))], store)
     stream = click.open_file(report, "w", encoding="utf-8", lazy=False)
@@ -1109,7 +1121,7 @@ def _with_progress(found: Iterator[Pair], label: str) -> Iterator[tuple[str, str
     held = []
     with click.progressbar(rows, label=f"Finding {label}", file=sys.stderr) as bar:
         for row in bar:
-            if sys.stdout.isatty():
+            if sys.stdout is not None and sys.stdout.isatty():
                 held.append(row)
             else:
                 yield row
@@ -1410,7 +1422,8 @@ def export(path: str, out: str, as_json: bool) -> None:
 
 
 def _stdout_bytes() -> IO[bytes]:
-    """Standard output's byte stream (see :func:`_named_stdout` for a closed one)."""
+    """Standard output's byte stream, for ``-`` (:func:`_stdout_for_dash`)."""
+    _stdout_for_dash()
     return sys.stdout.buffer
 
 

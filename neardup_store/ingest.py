@@ -77,12 +77,12 @@ its lines (and their outputs) in memory, and dedup's time goes to its queries mo
 to the pages its writes copy (a scratch run of 20k documents into a 1M store: 4.3-4.9k
 docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
-_STATE_VERSION = 3  # positions add input_tail in 2, last_kept in 3 (unchecked in older files)
+_STATE_VERSION = 3  # positions add input_tail in 2, store_commits in 3 (unchecked in older)
 _READABLE_STATES = (1, 2, 3)
 _STATE_FIELDS = frozenset({"version", "job", "committed", "pending", "probe_key", "done"})
 _JOB_FIELDS = ("input", "keep", "dropped", "store", "id_field", "text_field", "threshold")
 _COUNTS = ("line", "input_offset", "keep_bytes", "dropped_bytes", "batches", "kept", "dropped")
-_NEWER_FIELDS = {"already_stored": 2, "input_tail": 2, "last_kept": 3}  # the version adding it
+_NEWER_FIELDS = {"already_stored": 2, "input_tail": 2, "store_commits": 3}  # version adding it
 
 
 # -- records and reports ---------------------------------------------------------------------
@@ -771,7 +771,9 @@ class _Position:
     failed: list[list[Any]] = field(default_factory=list)
     already_stored: int = 0
     input_tail: str | None = None  # :func:`_tail_digest` at input_offset (newer files)
-    last_kept: str | None = None  # the key last kept: the store must hold it (newer files)
+    # The store's commit counter once the batch committed, at least (newer files): a
+    # store of the job counts on from it, whatever else others commit or remove.
+    store_commits: int | None = None
 
     def copy(self) -> _Position:
         return _Position(**{**vars(self), "failed": list(self.failed)})
@@ -1152,12 +1154,13 @@ def _dedup_batch(
                 probe = key if probe is None else probe
                 keep_out.append(raw.rstrip(b"\r\n") + b"\n")
                 new.kept += 1
-                new.last_kept = key
             else:
                 best = result.matches[0]
                 out = {**obj, "duplicate_of": key_text(best.key), "score": round(best.score, 6)}
                 dropped_out.append(json_text(out).encode() + b"\n")
                 new.dropped += 1
+        commits = store._read_count(txn._live, "commit_counter")
+        new.store_commits = commits + 1 if keep_out else commits  # (it commits what it adds)
         new.keep_bytes += _write_synced(keep, keep_out)
         new.dropped_bytes += _write_synced(dropped, dropped_out)
         _save_state(sidecar, job, at, new, probe)
@@ -1332,9 +1335,11 @@ def _checked_position(value: object, where: str, version: int) -> _Position:
     tail = position.get("input_tail")
     if tail is not None and not _is_digest(tail):
         raise _StateFieldError(f"{where}.input_tail is {_shown(tail)}, not 16 hex digits or null")
-    last_kept = position.get("last_kept")
-    if last_kept is not None and not isinstance(last_kept, str):
-        raise _StateFieldError(f"{where}.last_kept is {_shown(last_kept)}, not a string or null")
+    commits = position.get("store_commits")
+    if commits is not None and not _is_count(commits):
+        raise _StateFieldError(
+            f"{where}.store_commits is {_shown(commits)}, not a whole number of 0 or more, or null"
+        )
     failed = position["failed"]
     if not isinstance(failed, list):
         raise _StateFieldError(f"{where}.failed is {_shown(failed)}, not a list")
@@ -1379,21 +1384,24 @@ def _resolve(store: Store, state: _State) -> _Position:
 
 
 def _check_store(store: Store, at: _Position, sidecar: Path) -> None:
-    """Refuse to resume against a store that lacks the job's committed work (one made
-    anew, or restored from a backup older than the job's last batches): the run would keep
-    again what the job kept before. Files from before version 3 record no last key, so
-    only their kept count is checked."""
-    if at.last_kept is not None and at.last_kept not in store:
-        lacks = f"the last document the job kept, {key_text(at.last_kept)!r}"
-    elif (documents := len(store)) < at.kept:
-        lacks = f"the {at.kept} documents the job kept (it holds {documents})"
-    else:
+    """Refuse to resume against a store that is not the one the job wrote to, in its
+    latest state (one made anew, or restored from a backup older than the job's last
+    batches): the run would keep again what the job kept before. The store's commit
+    counter only grows, whatever others add or remove, so one below what the job's last
+    batch saw gives it away. Files from before version 3 record none, and are not checked.
+    """
+    if at.store_commits is None:
+        return
+    with store.read() as reader:
+        commits = store._read_count(reader.txn, "commit_counter")
+    if commits >= at.store_commits:
         return
     raise DedupStateError(
         str(sidecar),
-        f"the store {store.path} lacks {lacks}: it is not the store the job wrote to, or "
-        "an older state of it (made anew, or restored from an older backup), and resuming "
-        "would keep again what the job kept",
+        f"the store {store.path} has committed {commits} write transactions, fewer than the "
+        f"{at.store_commits} it had when the job's last batch committed: it is not the store "
+        "the job wrote to, or an older state of it (made anew, or restored from an older "
+        "backup), and resuming would keep again what the job kept",
         resume="restore the store the job wrote to, in its latest state, and rerun",
     )
 

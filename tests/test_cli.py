@@ -1720,7 +1720,7 @@ def test_a_cut_short_import_into_a_store_says_how_to_finish_it_and_that_works(
 
 @pytest.mark.parametrize(
     ("closed", "command"),
-    [(1, ["export", "{store}", "-"]), (1, ["info", "{store}"]),
+    [(1, ["export", "{store}", "-"]),
      (1, ["add", "{store}", "{input}", "--jsonl", "--replace", "--report", "-"]),
      (0, ["import", "-", "{tmp}/new.ndx"]), (0, ["query", "{store}", "--jsonl", "-"]),
      (0, ["remove", "{store}", "--from-file", "-"]), (0, ["add", "{store}", "-", "--jsonl"])],
@@ -1741,6 +1741,28 @@ def test_a_closed_standard_stream_is_one_error_line(
     where = "nowhere to write" if closed else "nothing to read"
     assert done.stderr.splitlines()[0].startswith("Error: ") and where in done.stderr
     assert not (tmp_path / "new.ndx").exists()
+
+
+def test_a_closed_stdout_or_stderr_fails_no_command_that_does_not_write_there(
+    store_path: Path, tmp_path: Path
+) -> None:
+    """Only a ``-`` argument needs its stream: with stdout closed, init and remove did
+    their work and then exited 2 advising to name a file instead of - (review 26), and
+    with stderr closed, check, clusters and query exited 1, the code for findings, on
+    asking the missing stream whether it is a terminal (review 26)."""
+    new = tmp_path / "new.ndx"
+    runs = [
+        (1, ["init", new]),
+        (1, ["remove", store_path, "storm-a"]),
+        (2, ["check", store_path]),
+        (2, ["clusters", store_path]),
+        (2, ["query", store_path, "--text", "some words of a query"]),
+    ]
+    for closed, args in runs:
+        done = _admin(*args, preexec_fn=lambda closed=closed: os.close(closed))
+        assert done.returncode == 0, (args, done.stderr)
+    with Store.open(new) as made, Store.open(store_path) as store:
+        assert len(made) == 0 and "storm-a" not in store
 
 
 @pytest.mark.parametrize(

@@ -851,47 +851,57 @@ def test_dedup_refuses_to_resume_against_a_store_without_the_jobs_work(
     the job kept again documents it had kept (review 25 #2)."""
     err = _finished_job_then(tmp_path, archive, replace_store)
     message = str(err)
-    assert "lacks the last document the job kept" in message
+    assert "has committed" in message and "fewer than the" in message
     assert "restore the store the job wrote to, in its latest state" in message
 
 
-def test_dedup_resumes_a_version_2_progress_file_checking_the_kept_count(
+def test_dedup_resumes_after_others_removed_documents_it_kept(
     tmp_path: Path, archive: Path
 ) -> None:
-    """A version 2 progress file records no last kept key: its kept count is checked
-    against the store instead (review 25 #2), and against the right store it resumes."""
+    """The store is a shared index: a check of the job's last kept key and kept count
+    refused a rerun once someone removed a document the job had kept (review 26). The
+    store's commit counter, which only grows, tells the job's store from another."""
+    out, store_dir = tmp_path / "out", tmp_path / "job.ndx"
+    out.mkdir()
+    with Store.open(store_dir, create=True, threshold=0.7) as store:
+        first = _dedup(store, archive, out, batch_size=16)
+        kept = [json.loads(line)["id"] for line in (out / "keep.jsonl").read_text().splitlines()]
+        assert store.remove_many(kept) == len(kept) == first.kept  # all of them, by others
+        with archive.open("a") as more:
+            more.write(json.dumps({"id": "late", "text": "a line appended after the job ran"}))
+            more.write("\n")
+        again = _dedup(store, archive, out, batch_size=16)
+    assert again.resumed_from is not None and again.kept == first.kept + 1
 
-    def as_version_2(store_dir: Path) -> None:
-        sidecar = progress_path(tmp_path / "out" / "keep.jsonl")
+
+def test_dedup_resumes_a_version_2_progress_file_unchecked(tmp_path: Path, archive: Path) -> None:
+    """A version 2 progress file records no commit counter: it still resumes (its kept
+    count was checked instead, which refused resumes after others' removals)."""
+    out, store_dir = tmp_path / "out", tmp_path / "job.ndx"
+    out.mkdir()
+    with Store.open(store_dir, create=True, threshold=0.7) as store:
+        first = _dedup(store, archive, out, batch_size=16)
+        sidecar = progress_path(out / "keep.jsonl")
         state = json.loads(sidecar.read_text())
+        assert state["version"] == 3 and state["committed"]["store_commits"] > 0
         for name in ("committed", "pending"):
             if state[name] is not None:
-                state[name].pop("last_kept", None)
+                state[name].pop("store_commits")
         sidecar.write_text(json.dumps({**state, "version": 2}))
-        shutil.copytree(store_dir, tmp_path / "real")
-        _made_anew(store_dir)
-
-    err = _finished_job_then(tmp_path, archive, as_version_2)
-    assert "documents the job kept (it holds 0)" in str(err)
-    _restored_from(tmp_path / "real", tmp_path / "job.ndx")
-    with Store.open(tmp_path / "job.ndx") as store:
-        report = _dedup(store, archive, tmp_path / "out", batch_size=16)
-        documents = len(store)
-    kept = (tmp_path / "out" / "keep.jsonl").read_text().splitlines()
-    assert report.resumed_from is not None and report.kept == documents == len(kept)
+        again = _dedup(store, archive, out, batch_size=16)
+    assert again.resumed_from is not None and again.kept == first.kept
 
 
-def test_dedup_refuses_a_progress_file_whose_last_kept_is_no_key(
+def test_dedup_refuses_a_progress_file_whose_store_commits_is_no_count(
     store: Store, archive: Path
 ) -> None:
-    """The new last_kept field is checked like the others (review 25 #2)."""
+    """The new store_commits field is checked like the others (review 25 #2)."""
     out = archive.parent
     _dedup(store, archive, out, batch_size=40)
     sidecar = progress_path(out / "keep.jsonl")
     state = json.loads(sidecar.read_text())
-    assert state["version"] == 3 and isinstance(state["committed"]["last_kept"], str)
-    sidecar.write_text(json.dumps({**state, **_in_committed(last_kept=7)(state)}))
-    with pytest.raises(DedupStateError, match=r"committed\.last_kept is 7, not a string"):
+    sidecar.write_text(json.dumps({**state, **_in_committed(store_commits="7")(state)}))
+    with pytest.raises(DedupStateError, match=r'committed\.store_commits is "7", not a whole'):
         _dedup(store, archive, out, batch_size=40)
 
 
