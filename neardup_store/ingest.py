@@ -28,9 +28,10 @@ recorded sizes and reading continues at the recorded input offset, so the final 
 equal those of an uninterrupted run. The sidecar also keeps a digest of the input's last
 4 KiB before that offset: an input that was replaced (or cut shorter) is refused, and
 lines appended to an input after the job finished are read by the next run. It records
-the key of the last document kept, too: a store that lacks it (made anew, or restored from
-a backup older than the job's last batches) is refused, since a run against it would keep
-again what the job kept.
+the store's commit counter after each batch, too: a store whose counter is lower (made
+anew, or restored from a backup older than the job's last batches) is refused, since a
+run against it would keep again what the job kept; what others add or remove meanwhile
+only raises it.
 """
 
 from __future__ import annotations
@@ -810,8 +811,8 @@ def dedup(
         Interrupted: on ``KeyboardInterrupt`` (rerun to resume).
         DedupStateError: the progress file belongs to a different job, the input is not
             the one it read (replaced or truncated), an output is shorter than it records,
-            or the store lacks what the job kept (not the store it wrote to, or an older
-            state of it).
+            or the store's commit counter is below what the job's last batch saw (not the
+            store it wrote to, or an older state of it).
     """
     check_batch_size(batch_size, allow_auto=False)
     fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
