@@ -1724,5 +1724,11 @@ def main() -> None:
     A Ctrl-C from the moment this module is loaded ends in ``interrupted`` and exit 130
     (:class:`_Group`). One while the package itself is still importing, before this module
     runs, cannot be caught here: that needs an entry point outside the package.
+
+    With standard error closed (``2>&-``), messages for it go nowhere: Click would print
+    its errors on standard output instead, in the middle of JSON lines. The exit code
+    still tells.
     """
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  # for the process's lifetime
     cli(prog_name="neardup-admin")

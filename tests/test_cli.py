@@ -1763,6 +1763,15 @@ def test_a_closed_stdout_or_stderr_fails_no_command_that_does_not_write_there(
         assert done.returncode == 0, (args, done.stderr)
     with Store.open(new) as made, Store.open(store_path) as store:
         assert len(made) == 0 and "storm-a" not in store
+    # Click printed its errors on stdout when stderr was closed, amid JSON lines (review 27).
+    missing = _admin(
+        "info",
+        tmp_path / "missing.ndx",
+        "--json",
+        preexec_fn=lambda: os.close(2),
+        stdout=subprocess.PIPE,
+    )
+    assert missing.returncode == 2 and missing.stdout == ""
 
 
 @pytest.mark.parametrize(
