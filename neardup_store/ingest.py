@@ -17,13 +17,16 @@ transaction, so a bad record becomes a failure instead of aborting its batch. A
 file next to the keep file (:func:`progress_path`), in two steps around the commit:
 
 1. outputs written, flushed and fsynced; sidecar replaced atomically with the batch as
-   *pending* (plus the key of its first kept document, the *probe*);
+   *pending* (plus the keys of the documents it kept, the *probes*; version 1 and 2
+   files hold the first one only);
 2. the store commits;
 3. sidecar replaced with the batch as *committed*.
 
-On restart a pending batch counts as committed exactly when its probe key is in the
-store (kept documents are always new keys); a batch that kept nothing changed only the
-fsynced outputs, so it counts as committed either way. Outputs are then truncated to the
+On restart a pending batch counts as committed exactly when one of its probe keys is in
+the store (kept documents are always new keys, and only their commit stores them: one is
+enough, so others who remove documents of the store meanwhile would have to remove every
+one the batch kept to mislead it); a batch that kept nothing changed only the fsynced
+outputs, so it counts as committed either way. Outputs are then truncated to the
 recorded sizes and reading continues at the recorded input offset, so the final outputs
 equal those of an uninterrupted run. The sidecar also keeps a digest of the input's last
 4 KiB before that offset: an input that was replaced (or cut shorter) is refused, and
@@ -1139,7 +1142,7 @@ def _dedup_batch(
     new.failed.extend(f.fields() for f in bad)
     keep_out: list[bytes] = []
     dropped_out: list[bytes] = []
-    probe: Key | None = None
+    probes: list[Key] = []
     with store.write() as txn:
         decided = _unique_in_order(txn, signed, threshold, False)
         for doc, result in zip(signed, decided, strict=True):
@@ -1152,7 +1155,7 @@ def _dedup_batch(
                 new.dropped += 1
                 new.already_stored += 1
             elif result.added:
-                probe = key if probe is None else probe
+                probes.append(key)
                 keep_out.append(raw.rstrip(b"\r\n") + b"\n")
                 new.kept += 1
             else:
@@ -1164,7 +1167,7 @@ def _dedup_batch(
         new.store_commits = commits + 1 if keep_out else commits  # (it commits what it adds)
         new.keep_bytes += _write_synced(keep, keep_out)
         new.dropped_bytes += _write_synced(dropped, dropped_out)
-        _save_state(sidecar, job, at, new, probe)
+        _save_state(sidecar, job, at, new, probes or None)
     return new
 
 
@@ -1203,7 +1206,7 @@ def _save_state(
     job: dict[str, Any],
     committed: _Position,
     pending: _Position | None,
-    probe: Key | None,
+    probe: list[Key] | None,
     done: bool = False,
 ) -> None:
     """Replace the sidecar atomically (write, fsync, rename, fsync the directory)."""
@@ -1268,12 +1271,12 @@ def _read_state(sidecar: Path) -> tuple[dict[str, Any], _State] | None:
 
 @dataclass(frozen=True)
 class _State:
-    """A checked progress file: the committed position, a pending batch and its probe key,
-    and whether the job finished."""
+    """A checked progress file: the committed position, a pending batch and its probe keys
+    (one, as a string, in version 1 and 2 files), and whether the job finished."""
 
     committed: _Position
     pending: _Position | None
-    probe_key: str | None
+    probe_key: str | list[str] | None
     done: bool
 
 
@@ -1285,8 +1288,11 @@ def _checked_state(state: dict[str, Any], version: int) -> _State:
     _fields(state, _STATE_FIELDS, _STATE_FIELDS, "the file")
     _check_job(state["job"])
     probe, done = state["probe_key"], state["done"]
-    if probe is not None and not isinstance(probe, str):
-        raise _StateFieldError(f"probe_key is {_shown(probe)}, not a string or null")
+    probes_ok = isinstance(probe, list) and all(isinstance(key, str) for key in probe)
+    if probe is not None and not isinstance(probe, str) and not probes_ok:
+        raise _StateFieldError(
+            f"probe_key is {_shown(probe)}, not a string, a list of strings or null"
+        )
     if not isinstance(done, bool):
         raise _StateFieldError(f"done is {_shown(done)}, not true or false")
     committed = _checked_position(state["committed"], "committed", version)
@@ -1379,9 +1385,12 @@ def _resolve(store: Store, state: _State) -> _Position:
     """The position to resume from: a pending batch counts if the store committed it."""
     if state.pending is None:
         return state.committed
-    if state.probe_key is None or state.probe_key in store:
+    probes = [state.probe_key] if isinstance(state.probe_key, str) else state.probe_key
+    if not probes:
         return state.pending
-    return state.committed
+    with store.read() as reader:
+        committed = any(key in reader for key in probes)
+    return state.pending if committed else state.committed
 
 
 def _check_store(store: Store, at: _Position, sidecar: Path) -> None:

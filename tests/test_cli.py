@@ -1796,6 +1796,32 @@ def test_a_file_that_cannot_be_opened_is_one_error_line(
     assert not (tmp_path / "new.ndx").exists() and not (tmp_path / "d.ndx").exists()
 
 
+def test_a_dedup_killed_after_a_commit_resumes_right_after_others_removed_its_probe(
+    tmp_path: Path,
+) -> None:
+    """A batch killed between its commit and its progress file's save counted as
+    committed only if its first kept key was in the store: once someone removed that
+    key, the rerun ran the batch again and dropped its other documents as duplicates of
+    themselves (review 27). Any of the batch's kept keys now tells."""
+    source = tmp_path / "in.jsonl"
+    rng = np.random.default_rng(1)
+    source.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "text": " ".join(f"w{w}" for w in rng.choice(5000, 40))})
+            + "\n"
+            for i in range(20)
+        )
+    )
+    args = [*_dedup_args(source, tmp_path), "--batch-size", 10]
+    killed = _admin(*args, env={**os.environ, "NEARDUP_FAULT": "after-commit:2"})
+    assert killed.returncode == -signal.SIGKILL
+    with Store.open(tmp_path / "d.ndx") as opened:
+        opened.remove("d10")  # the pending batch's first kept document, by someone else
+    assert _admin(*args).returncode == 0
+    assert len((tmp_path / "k.jsonl").read_text().splitlines()) == 20
+    assert (tmp_path / "x.jsonl").read_text() == ""
+
+
 def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
     """The docs/s of a resumed dedup divided every line of the job, earlier runs' too, by
     this run's time (review 20): it now says which line this run began after."""
