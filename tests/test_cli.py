@@ -1796,30 +1796,39 @@ def test_a_file_that_cannot_be_opened_is_one_error_line(
     assert not (tmp_path / "new.ndx").exists() and not (tmp_path / "d.ndx").exists()
 
 
-def test_a_dedup_killed_after_a_commit_resumes_right_after_others_removed_its_probe(
-    tmp_path: Path,
+@pytest.mark.parametrize("killed_at", ["after-commit:2", "before-commit:2"])
+def test_a_killed_dedup_batch_is_judged_right_whatever_others_did_to_one_of_its_documents(
+    tmp_path: Path, killed_at: str
 ) -> None:
-    """A batch killed between its commit and its progress file's save counted as
-    committed only if its first kept key was in the store: once someone removed that
-    key, the rerun ran the batch again and dropped its other documents as duplicates of
-    themselves (review 27). Any of the batch's kept keys now tells."""
+    """A batch killed around its commit counted as committed when its first kept key was
+    in the store: once someone removed that document after the commit, the rerun dropped
+    the batch's other documents as duplicates of themselves (review 27); probing any kept
+    key instead took a batch that never committed as committed once someone added one of
+    its documents (review 28). The commit counter, then most of the kept keys, decide."""
     source = tmp_path / "in.jsonl"
     rng = np.random.default_rng(1)
-    source.write_text(
-        "".join(
-            json.dumps({"id": f"d{i}", "text": " ".join(f"w{w}" for w in rng.choice(5000, 40))})
-            + "\n"
-            for i in range(20)
-        )
-    )
+    lines = [
+        json.dumps({"id": f"d{i}", "text": " ".join(f"w{w}" for w in rng.choice(5000, 40))})
+        for i in range(20)
+    ]
+    source.write_text("".join(line + "\n" for line in lines))
     args = [*_dedup_args(source, tmp_path), "--batch-size", 10]
-    killed = _admin(*args, env={**os.environ, "NEARDUP_FAULT": "after-commit:2"})
+    killed = _admin(*args, env={**os.environ, "NEARDUP_FAULT": killed_at})
     assert killed.returncode == -signal.SIGKILL
-    with Store.open(tmp_path / "d.ndx") as opened:
-        opened.remove("d10")  # the pending batch's first kept document, by someone else
+    with Store.open(tmp_path / "d.ndx") as store:  # someone else, in between
+        if killed_at.startswith("after"):
+            store.remove("d10")  # the pending batch's first kept document
+        else:
+            store.add("d15", json.loads(lines[15])["text"])  # one of the batch's documents
     assert _admin(*args).returncode == 0
-    assert len((tmp_path / "k.jsonl").read_text().splitlines()) == 20
-    assert (tmp_path / "x.jsonl").read_text() == ""
+    kept = [json.loads(line)["id"] for line in (tmp_path / "k.jsonl").read_text().splitlines()]
+    dropped = (tmp_path / "x.jsonl").read_text().splitlines()
+    with Store.open(tmp_path / "d.ndx") as store:
+        if killed_at.startswith("after"):  # the batch committed: kept, d10 since removed
+            assert kept == [f"d{i}" for i in range(20)] and dropped == []
+        else:  # it did not: done again, d15 found stored by then
+            assert kept == [f"d{i}" for i in range(20) if i != 15] and len(dropped) == 1
+            assert all(key in store for key in kept)
 
 
 def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
