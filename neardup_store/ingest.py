@@ -22,13 +22,13 @@ file next to the keep file (:func:`progress_path`), in two steps around the comm
 2. the store commits;
 3. sidecar replaced with the batch as *committed*.
 
-On restart a pending batch did not commit if the store's commit counter is below the one
-its commit would have made; otherwise it counts as committed when most of its probe keys
-are in the store (kept documents are always new keys, and only their commit stores them).
-Others who remove documents of the store, or add some under the same keys, between the
-crash and the rerun would have to do so for half the batch to mislead it (a file of
-version 1 or 2, with one probe, is misled by that one). A batch that kept nothing changed
-only the fsynced outputs, so it counts as committed either way. Outputs are then truncated to the
+On restart a pending batch counts as committed when most of its probe keys are in the
+store (kept documents are always new keys, and only their commit stores them). Others who
+remove documents of the store, or add some under the same keys, between the crash and the
+rerun would have to do so for half the batch to mislead it (a file of version 1 or 2, with
+one probe, is misled by that one). The commit counter does not decide it: a repair of a
+damaged counter cannot know its old value. A batch that kept nothing changed only the
+fsynced outputs, so it counts as committed either way. Outputs are then truncated to the
 recorded sizes and reading continues at the recorded input offset, so the final outputs
 equal those of an uninterrupted run. The sidecar also keeps a digest of the input's last
 4 KiB before that offset: an input that was replaced (or cut shorter) is refused, and
@@ -1391,9 +1391,6 @@ def _resolve(store: Store, state: _State) -> _Position:
     if not probes:
         return state.pending
     with store.read() as reader:
-        commits = store._read_count(reader.txn, "commit_counter")
-        if state.pending.store_commits is not None and commits < state.pending.store_commits:
-            return state.committed  # its commit would have counted: it did not happen
         present = sum(key in reader for key in probes)
     return state.pending if 2 * present > len(probes) else state.committed
 

@@ -603,8 +603,13 @@ def _meta_value(store: Store, txn: lmdb.Transaction, name: str) -> Any:
 
 def _reset_bad_counters(store: Store, txn: lmdb.Transaction) -> None:
     """Give ``commit_counter`` and ``map_size`` a value every commit can count on when
-    they are missing or not non-negative integers (the repair's own commit reads them)."""
-    for name, value in (("commit_counter", 0), ("map_size", store._map_size())):
+    they are missing or not non-negative integers (the repair's own commit reads them).
+
+    The commit counter is reset to LMDB's id of this transaction, not to 0: a dedup job
+    tells its store, and a batch's commit, by a counter that only grows (:mod:`.ingest`),
+    and LMDB counts every commit, ours among them (a compaction starts its count over, so
+    this is a best guess there)."""
+    for name, value in (("commit_counter", txn.id()), ("map_size", store._map_size())):
         current = _meta_value(store, txn, name)
         if not meta_count_ok(name, current):
             txn.put(name.encode(), codec.pack_meta(value), db=store._meta_db)

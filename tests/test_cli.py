@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import msgpack
 import numpy as np
 import pytest
@@ -1829,6 +1830,36 @@ def test_a_killed_dedup_batch_is_judged_right_whatever_others_did_to_one_of_its_
         else:  # it did not: done again, d15 found stored by then
             assert kept == [f"d{i}" for i in range(20) if i != 15] and len(dropped) == 1
             assert all(key in store for key in kept)
+
+
+def test_a_killed_dedup_resumes_after_its_stores_commit_counter_was_repaired(
+    tmp_path: Path,
+) -> None:
+    """A repair reset a damaged commit counter to 0: the rerun then took the pending
+    batch, which had committed, as not committed, and dropped its documents as
+    duplicates of themselves, or refused the store as not the job's (review 29). The
+    repair resets it to LMDB's transaction id, and the pending batch is judged by its
+    kept keys."""
+    source = tmp_path / "in.jsonl"
+    rng = np.random.default_rng(2)
+    source.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "text": " ".join(f"w{w}" for w in rng.choice(5000, 40))})
+            + "\n"
+            for i in range(20)
+        )
+    )
+    args = [*_dedup_args(source, tmp_path), "--batch-size", 10]
+    killed = _admin(*args, env={**os.environ, "NEARDUP_FAULT": "after-commit:2"})
+    assert killed.returncode == -signal.SIGKILL
+    env = lmdb.open(str(tmp_path / "d.ndx"), max_dbs=64)
+    with env.begin(write=True) as txn:
+        txn.put(b"commit_counter", codec.pack_meta("x"), db=env.open_db(codec.META_DB, txn=txn))
+    env.close()
+    assert _admin("check", tmp_path / "d.ndx", "--repair").returncode == 0
+    assert _admin(*args).returncode == 0
+    kept = (tmp_path / "k.jsonl").read_text().splitlines()
+    assert len(kept) == 20 and (tmp_path / "x.jsonl").read_text() == ""
 
 
 def test_a_resumed_dedup_rates_only_the_lines_it_read(tmp_path: Path) -> None:
