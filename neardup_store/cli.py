@@ -108,7 +108,7 @@ def _named_stdout() -> Iterator[None]:
     if stdout is not None:
         sys.stdout = _NamedStream(stdout, _STDOUT)  # type: ignore[assignment]
     if stdin is None:
-        sys.stdin = _ClosedStream("stdin", "read")  # type: ignore[assignment]
+        sys.stdin = _ClosedStdin()  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -120,52 +120,40 @@ def _stdout_for_dash() -> None:
     work: the product would go nowhere (``export -`` crashed with a traceback, ``add
     --report -`` after its batches had committed)."""
     if sys.stdout is None:
-        raise _ClosedStream(_STDOUT, "write").closed_error()
+        raise _closed(_STDOUT, "nowhere to write")
 
 
-class _ClosedStream(io.RawIOBase):
-    """A standard stream the shell closed: using it raises an ``OSError`` naming it,
-    which the group's handler reports as one ``Error:`` line, exit 2 (a ``-`` argument
-    crashed with a traceback)."""
+def _closed(name: str, what: str) -> OSError:
+    """The error for a standard stream the shell closed, naming it, which the group's
+    handler reports as one ``Error:`` line, exit 2 (a ``-`` argument crashed with a
+    traceback)."""
+    error = OSError(errno.EBADF, f"closed, so there is {what}; name a file instead of -")
+    error.filename = name
+    return error
+
+
+class _ClosedStdin(io.RawIOBase):
+    """Standard input the shell closed (``<&-``): reading it raises :func:`_closed`."""
 
     encoding, errors = "utf-8", "strict"
 
-    def __init__(self, name: str, verb: str) -> None:
-        super().__init__()
-        self._name, self._verb = name, verb
-
-    def closed_error(self) -> OSError:
-        where = "nowhere to write" if self._verb == "write" else "nothing to read"
-        error = OSError(errno.EBADF, f"closed, so there is {where}; name a file instead of -")
-        error.filename = self._name
-        return error
-
     @property
-    def buffer(self) -> _ClosedStream:  # the bytes under a text stream: the same
+    def buffer(self) -> _ClosedStdin:  # the bytes under a text stream: the same
         return self
 
     def readable(self) -> bool:
-        return self._verb == "read"
-
-    def writable(self) -> bool:
-        return self._verb == "write"
+        return True
 
     def isatty(self) -> bool:
         return False
 
     def fileno(self) -> int:
-        raise self.closed_error()
+        raise _closed("stdin", "nothing to read")
 
     def readinto(self, buffer: Any) -> int:
         if not len(buffer):
             return 0  # (Click asks for nothing to learn whether a stream gives bytes)
-        raise self.closed_error()
-
-    def write(self, data: Any) -> int:
-        raise self.closed_error()
-
-    def flush(self) -> None:
-        return None  # nothing written, nothing to flush (also at exit)
+        raise _closed("stdin", "nothing to read")
 
 
 class _NamedStream:
