@@ -55,6 +55,10 @@ class InputError(click.ClickException):
 
 
 class _Group(click.Group):
+    """The command group: every error a command (or the group's own ``--help`` and
+    ``--version``, which Click runs while parsing) lets out becomes what the README
+    promises (:func:`_cli_errors`)."""
+
     def make_context(
         self,
         info_name: str | None,
@@ -62,28 +66,33 @@ class _Group(click.Group):
         parent: click.Context | None = None,
         **extra: Any,
     ) -> click.Context:
-        # While Click parses, before invoke: Click would say "Aborted!" with exit 1, the
-        # code for findings.
-        try:
+        with _cli_errors():
             return super().make_context(info_name, args, parent, **extra)
-        except KeyboardInterrupt as err:
-            raise _interrupted_exit(err) from err
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            with _named_stdout():
-                return super().invoke(ctx)
-        except NeardupError as err:  # with its notes (what earlier batches committed)
-            raise InputError(_cli_wording(_with_notes(err))) from err
-        except KeyboardInterrupt as err:  # add and dedup report their own
-            raise _interrupted_exit(err) from err
-        except OSError as err:  # a file that cannot be opened (see _File) or written
-            if err.filename is None:
-                raise  # not about a path the user named: a real failure, with its traceback
-            if err.errno == errno.EPIPE and err.filename == _STDOUT:
-                _reader_gone()
-            lead = f"{err.filename}: {err.strerror or err}"  # an output's notes say what is done
-            raise InputError(_with_notes(err, lead)) from err
+        with _cli_errors():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _cli_errors() -> Iterator[None]:
+    """Library and input errors as one ``Error:`` line with exit 2, Ctrl-C as
+    ``interrupted`` with exit 130 (Click would say "Aborted!" with exit 1, the code for
+    findings), a reader of stdout gone as exit 141."""
+    try:
+        with _named_stdout():
+            yield
+    except NeardupError as err:  # with its notes (what earlier batches committed)
+        raise InputError(_cli_wording(_with_notes(err))) from err
+    except KeyboardInterrupt as err:  # add and dedup report their own
+        raise _interrupted_exit(err) from err
+    except OSError as err:  # a file that cannot be opened (see _File) or written
+        if err.filename is None:
+            raise  # not about a path the user named: a real failure, with its traceback
+        if err.errno == errno.EPIPE and err.filename == _STDOUT:
+            _reader_gone()
+        lead = f"{err.filename}: {err.strerror or err}"  # an output's notes say what is done
+        raise InputError(_with_notes(err, lead)) from err
 
 
 def _interrupted_exit(err: KeyboardInterrupt) -> click.exceptions.Exit:
@@ -523,8 +532,9 @@ def _params_from(options: dict[str, Any]) -> StoreParams:
     "--mode",
     default="700",
     show_default=True,
-    help="Octal permissions of the store directory (files: the same without x); "
-    "750 lets the group read it.",
+    help="Octal permissions of the store directory (files: the same without x), less the "
+    "umask, as mkdir applies them. A group can use the store with 770 under umask 002: "
+    "opening it, even read-only, writes its lock files.",
 )
 @_json_option
 def init(path: str, mode: str, as_json: bool, **params_options: Any) -> None:
@@ -537,7 +547,7 @@ def init(path: str, mode: str, as_json: bool, **params_options: Any) -> None:
     Example:
         neardup-admin init ./corpus.ndx --threshold 0.8 --num-perm 256
         neardup-admin init ./words.ndx --shingle-kind word --shingle-size 3 --bands 32 --rows 4
-        neardup-admin init ./shared.ndx --mode 750
+        (umask 002; neardup-admin init ./shared.ndx --mode 770)
     """
     try:
         permissions = int(mode, 8)
@@ -1292,8 +1302,8 @@ def purge(path: str, batch_size: int | Literal["auto"], as_json: bool) -> None:
     """Delete the band entries that removed documents leave behind.
 
     A removal takes a document out of every query at once; its band entries wait for a
-    purge, which deletes many at a time. One runs on its own once they pass a tenth of
-    the documents, and compact runs one first.
+    purge, which deletes many at a time. One runs on its own once they pass both 10,000
+    and a tenth of the documents, and compact runs one first.
 
     \b
     Example:

@@ -374,22 +374,32 @@ def demo_table(result: DemoResult) -> None:
     click.echo(f"Indexed in {where} ({result.store_bytes / 1e6:.1f} MB on disk).")
     click.echo()
     width = max((len(k) for g in result.groups for k in g.keys), default=8)
-    click.echo(f"{'group':>5}  {'key':<{width}}  est. Jaccard to first")
+    click.echo(f"{'group':>5}  {'key':<{width}}  est. Jaccard to first  planted")
     for number, group in enumerate(result.groups, 1):
         for i, (key, sim) in enumerate(zip(group.keys, group.similarities, strict=True)):
-            label = str(number) if i == 0 else ""
-            click.echo(f"{label:>5}  {key:<{width}}  {sim:.3f}")
+            label, planted = (
+                (str(number), _yes_no(result.was_planted(group))) if i == 0 else ("", "")
+            )
+            click.echo(f"{label:>5}  {key:<{width}}  {sim:<21.3f}  {planted}".rstrip())
     click.echo()
     click.echo(
         f"{len(result.groups)} groups found; {result.exact_matches} of "
         f"{len(result.planted)} planted groups found exactly."
     )
+    for group in result.missed:
+        click.echo(f"Planted, not found as one group: {', '.join(group)}")
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def demo_json(result: DemoResult) -> None:
-    """``demo --json``: one line per group found, then a summary line."""
+    """``demo --json``: one line per group found (and whether it was planted), then a
+    summary line with the planted groups not found as one group."""
     for group in result.groups:
-        click.echo(json.dumps({"keys": group.keys, "similarities": group.similarities}))
+        found = {"keys": group.keys, "similarities": group.similarities}
+        click.echo(json.dumps({**found, "planted": result.was_planted(group)}))
     summary = {
         "summary": {
             "documents": result.document_count,
@@ -400,6 +410,7 @@ def demo_json(result: DemoResult) -> None:
             "groups_found": len(result.groups),
             "planted_groups": len(result.planted),
             "planted_found_exactly": result.exact_matches,
+            "planted_missed": result.missed,
             "store_path": result.store_path,
             "store_bytes": result.store_bytes,
         }

@@ -122,8 +122,17 @@ class DemoResult:
     @property
     def exact_matches(self) -> int:
         """Planted groups found exactly (same members, nothing more, nothing less)."""
+        return len(self.planted) - len(self.missed)
+
+    @property
+    def missed(self) -> list[list[str]]:
+        """The planted groups that no found group equals."""
         found = {tuple(g.keys) for g in self.groups}
-        return sum(tuple(p) in found for p in self.planted)
+        return [p for p in self.planted if tuple(p) not in found]
+
+    def was_planted(self, group: DemoGroup) -> bool:
+        """Whether ``group`` is exactly one of the planted groups."""
+        return group.keys in self.planted
 
 
 def run_demo(

@@ -248,6 +248,20 @@ class NotAStoreError(NeardupError, ValueError):
         self.path, self.found = path, found
 
 
+class StorePermissionError(NeardupError, PermissionError):
+    """This user may not open the store: LMDB and our lock need write access to the lock
+    files even for a read-only open, which a group's read permission does not give."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"{path}: permission denied ({detail}); opening a store, even read-only, needs "
+            "read access to data.mdb and write access to lock.mdb and neardup.lock: ask its "
+            "owner for group write (a store made with mode 0o770 under umask 002, or chmod "
+            "g+w on those files), or open a copy of it"
+        )
+        self.path, self.detail = path, detail
+
+
 class FormatVersionError(NeardupError, ValueError):
     """The store was written in a format this release does not read."""
 

@@ -42,6 +42,7 @@ only raises it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import fnmatch
 import itertools
 import json
@@ -431,47 +432,69 @@ def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
 
 HEX_PREFIX = "hex:"
 """How a bytes key starts when the CLI prints it (see :func:`key_text`)."""
+STR_PREFIX = "str:"
+"""How a str key that a line would not show whole starts when the CLI prints it."""
 _HEX_DIGITS = re.compile(r"(?:[0-9a-fA-F]{2})*")
 
 
 def key_text(key: str | bytes) -> str:
-    """A key as text that names it and no other, in every output format.
+    """A key as text that names it and no other, in every output format and on a line of
+    its own.
 
     Bytes keys (possible from the library, never from this CLI) are shown as ``hex:`` and
     their bytes in lowercase hex, so that JSON stays valid and nothing is silently
-    re-encoded. A str key that could be read as one (``hex:`` after any backslashes) gets
-    one backslash more in front, so the two never print alike: ``b"\\x00\\xff"`` prints
-    as ``hex:00ff`` and ``"hex:00ff"`` as ``\\hex:00ff``. Every other str key prints as it
-    is. :func:`key_from_text` reads any of them back.
+    re-encoded. A str key that a line or a table would not show as it is (empty, a blank
+    at either end, or any character that is not printable: line breaks, tabs, other
+    controls, invisible format characters) is shown as ``str:`` and its UTF-8 in hex:
+    ``"x\\r"`` prints as ``str:780d``. A str key that could be read as either form
+    (``hex:`` or ``str:`` after any backslashes) gets one backslash more in front, so no
+    two keys print alike: ``b"\\x00\\xff"`` prints as ``hex:00ff`` and ``"hex:00ff"`` as
+    ``\\hex:00ff``. Every other str key prints as it is. :func:`key_from_text` reads any
+    of them back.
     """
     if not isinstance(key, str):
         return HEX_PREFIX + bytes(key).hex()
-    return "\\" + key if _looks_like_bytes(key) else key
+    if not _shows_as_itself(key):
+        return STR_PREFIX + key.encode("utf-8", "surrogatepass").hex()
+    return "\\" + key if _looks_escaped(key) else key
 
 
 def key_from_text(text: str) -> str | bytes:
     """The key that :func:`key_text` prints as ``text``: what ``remove`` takes.
 
     Raises:
-        InvalidParameterError: ``text`` starts with ``hex:`` but no whole bytes follow.
+        InvalidParameterError: ``text`` starts with ``hex:`` or ``str:`` but no whole
+            bytes (for ``str:``, no UTF-8 text) follow.
     """
-    if text.startswith("\\") and _looks_like_bytes(text):
+    if text.startswith("\\") and _looks_escaped(text):
         return text[1:]
-    if not text.startswith(HEX_PREFIX):
+    prefix = text[: len(HEX_PREFIX)]
+    if prefix not in (HEX_PREFIX, STR_PREFIX):
         return text
-    digits = text[len(HEX_PREFIX) :]
-    if not _HEX_DIGITS.fullmatch(digits):
-        raise InvalidParameterError(
-            "key",
-            text,
-            "hex: and two hex digits a byte for a bytes key (a str key that starts with "
-            "hex: is written with a backslash in front, \\hex:...)",
-        )
-    return bytes.fromhex(digits)
+    digits = text[len(prefix) :]
+    if _HEX_DIGITS.fullmatch(digits):
+        data = bytes.fromhex(digits)
+        if prefix == HEX_PREFIX:
+            return data
+        with contextlib.suppress(UnicodeDecodeError):
+            return data.decode("utf-8", "surrogatepass")
+    what = "of its UTF-8" if prefix == STR_PREFIX else "a bytes key"
+    raise InvalidParameterError(
+        "key",
+        text,
+        f"{prefix} and two hex digits a byte ({what}); a str key that starts with {prefix} is "
+        f"written with a backslash in front, \\{prefix}...",
+    )
 
 
-def _looks_like_bytes(text: str) -> bool:
-    return text.lstrip("\\").startswith(HEX_PREFIX)
+def _looks_escaped(text: str) -> bool:
+    return text.lstrip("\\").startswith((HEX_PREFIX, STR_PREFIX))
+
+
+def _shows_as_itself(key: str) -> bool:
+    """Whether a line shows ``key`` whole: something to see, no blank at an end that a
+    reader would strip or miss, and only printable characters."""
+    return key.isprintable() and key.strip(" ") == key != ""
 
 
 def json_text(value: Any) -> str:

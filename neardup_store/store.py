@@ -71,6 +71,7 @@ from .errors import (
     StoreFullError,
     StoreIOError,
     StoreNotFoundError,
+    StorePermissionError,
     TooManyReadersError,
     after_commit,
     check_flags,
@@ -374,6 +375,8 @@ class Store:
             raise TooManyReadersError(str(self.path), None) from None
         except lmdb.MapResizedError:
             raise  # another process grew the map meanwhile: the open is retried
+        except lmdb.ReadonlyError as err:  # py-lmdb's name for EACCES
+            raise StorePermissionError(str(self.path), f"LMDB: {err}") from None
         except lmdb.Error as err:
             if "already open in this process" in str(err):
                 if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
@@ -410,6 +413,8 @@ class Store:
             return os.open(path, os.O_RDWR | os.O_CREAT, file_mode)
         except OSError as err:
             if not self.read_only:
+                if isinstance(err, PermissionError):
+                    raise StorePermissionError(str(self.path), f"{path}: {err.strerror}") from None
                 raise
             cause = err
         try:

@@ -9,10 +9,12 @@ import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import string
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -2366,6 +2368,7 @@ def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
 
 HOLD_WRITE = r"""
 import sys
+import tempfile
 from neardup_store import store as store_module
 from neardup_store.store import Store
 
@@ -2608,6 +2611,7 @@ def test_a_signature_array_reused_by_the_caller_does_not_change_what_was_added(
 
 CREATE = r"""
 import sys
+import tempfile
 from neardup_store import store as store_module
 from neardup_store.store import Store
 
@@ -2748,6 +2752,7 @@ def test_an_error_leaving_a_store_block_is_not_replaced_by_a_refused_close(
 
 HOLD_READ_ONLY = r"""
 import sys
+import tempfile
 from neardup_store import Store
 with Store.open(sys.argv[1], read_only=True) as store:
     print(len(store), flush=True)
@@ -2859,3 +2864,70 @@ def test_a_replay_reads_each_row_of_a_key_iterator_once(
             txn.add_signatures([(f"n{i}", s, {"p": "x" * 200}) for i, s in enumerate(more)])
         assert store.map_epoch > epoch  # replayed
     assert rows_read <= 3 * 1000 + 10
+
+
+NOBODY = 65534
+"""The user id a child takes to be a member of a store's group but not its owner."""
+
+_AS_GROUP_MEMBER = """
+import json, os, sys
+import numpy as np
+from neardup_store import Store, StorePermissionError
+from neardup_store.cli import main
+team, owner_only = sys.argv[1:3]
+os.setgroups([]); os.setgid(os.stat(team).st_gid); os.setuid({nobody})
+seen = {{}}
+with Store.open(team) as store:
+    store.add_signatures([("member", np.arange(store.config.num_perm, dtype=np.uint32))])
+    seen["team"] = sorted(store)
+for read_only in (True, False):
+    try:
+        Store.open(owner_only, read_only=read_only).close()
+    except StorePermissionError as err:
+        seen[f"refused read_only={{read_only}}"] = str(err)
+print(json.dumps(seen), flush=True)
+sys.argv = ["neardup-admin", "info", owner_only]
+main()
+"""
+
+
+@pytest.fixture
+def shared_directory() -> Iterator[Path]:
+    """A directory other users may enter (pytest's own are owner-only), removed after."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as another member of a store's group needs root")
+    directory = Path(tempfile.mkdtemp(prefix="neardup-shared-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_a_group_uses_a_store_made_for_it_and_others_get_a_permission_error(
+    shared_directory: Path,
+) -> None:
+    """`init --mode 750` was said to let the group read a store, but opening one, even
+    read-only, writes LMDB's lock file: a group member was told the store was "not a
+    neardup_store store" (read-only) or got a raw PermissionError (review 32). 770 under
+    umask 002 lets the group in; without write access the error says what is needed."""
+    team, owner_only = shared_directory / "team", shared_directory / "owner-only"
+    for path, mode, umask in ((team, 0o770, 0o002), (owner_only, 0o750, 0o022)):
+        old = os.umask(umask)
+        try:
+            Store.open(path, create=True, mode=mode, num_perm=16, bands=4, rows=4).close()
+        finally:
+            os.umask(old)
+    script = _AS_GROUP_MEMBER.format(nobody=NOBODY)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(team), str(owner_only)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    seen = json.loads(done.stdout.splitlines()[0])
+    assert seen["team"] == ["member"]
+    for read_only in (True, False):
+        message = seen[f"refused read_only={read_only}"]
+        assert "permission denied" in message and "write access to lock.mdb" in message
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"Error: {owner_only}: permission denied") and "0o770" in line
