@@ -64,9 +64,13 @@ integers, inside document records, are little-endian.
     alone.
 
 ``band.<generation>.<index>`` — one table per band (``index`` is four decimal digits)
-    Each document has one entry per band: its band key (an 8-byte big-endian uint64) and
-    its id. The tables are duplicate-sorted with fixed-size values, so an entry's place is
-    the band key followed by the id, and the entries of one band key (its bucket) are
+    ``index`` is the 0-based band number. Each document has one entry per band: its band
+    key (an 8-byte big-endian uint64) and its id. The key in table ``index`` is
+    ``lsh.band_keys(signature, LSHParams(bands, rows, keys), seed)[index]``, with
+    ``bands``, ``rows`` and ``keys`` from the ``banding`` entry and ``seed`` from the
+    ``config`` entry (:mod:`.lsh` specifies both key schemes).
+    The tables are duplicate-sorted with fixed-size values, so an entry's place is the
+    band key followed by the id, and the entries of one band key (its bucket) are
     adjacent. The :class:`BandLayout` of the store's format says which bytes of the two
     are kept and where they go:
 

@@ -16,6 +16,55 @@ array arithmetic silently; no platform-dependent width or byte order is involved
   operations whatever the span length (words, word k-grams, short documents). Fixed-width
   character windows take the compiled rolling loop of :mod:`.kernels`, which gives the
   same values.
+
+Specification (``tests/test_spec.py`` recomputes every value from it in plain Python).
+All arithmetic is on unsigned 64-bit integers, wrapping modulo 2**64; ``>>`` is a
+logical shift and ``^`` is xor.
+
+``fmix64(x)``
+    ``x ^= x >> 33; x *= 0xFF51AFD7ED558CCD; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53;
+    x ^= x >> 33``. Test vector: ``fmix64(1) == 0xB456BCFC34C2CB2C``.
+SplitMix64 from state ``s``
+    Each output first advances ``s += 0x9E3779B97F4A7C15``, then computes ``z = s;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB``
+    and outputs ``z ^ (z >> 31)``.
+``derive_keys(seed, domain, count)``
+    1. ``tag`` is the 64-bit FNV-1a hash of the domain name's ASCII bytes: start at
+       ``0xCBF29CE484222325``; for each byte ``c``: ``tag = (tag ^ c) * 0x100000001B3``.
+    2. ``start`` is the first SplitMix64 output from state ``seed ^ tag``.
+    3. The keys are the first ``count`` SplitMix64 outputs from state ``start``. So the
+       keys of a shorter ``count`` are a prefix of a longer one's.
+
+    Test vector: ``derive_keys(1, "shingle", 3) == [0x2E55529B226832E1,
+    0x51E87A62D92176C1, 0xCDFB33432BA3E4A6]``.
+Seed domains
+    Every seeded constant of a signature or a band key comes from ``derive_keys(seed,
+    domain, count)``, where ``seed`` is ``MinHashConfig.seed`` (a store's ``config.seed``):
+
+    ======================  ============  ==================================================
+    domain                  count         use
+    ======================  ============  ==================================================
+    ``"shingle"``           3             ``[0]`` word key: hashes each word's characters;
+                                          ``[1]`` shingle key: hashes char shingles *and*
+                                          word shingles; ``[2]`` bag key: labels repeats
+                                          (:mod:`.text`)
+    ``"oph-densify"``       num_perm      ``p[j]``: probe key of OPH bin ``j`` (:mod:`.minhash`)
+    ``"kperm-a"``           num_perm      ``a[i] = key[i] | 1``: multiplier of permutation
+                                          ``i`` (forced odd)
+    ``"kperm-b"``           num_perm      ``b[i]``: addend of permutation ``i``
+    ``"band-multilinear"``  bands × rows  ``m[j]``: multiplier of signature position ``j``
+                                          (not forced odd), multilinear band keys (:mod:`.lsh`)
+    ``"band"``              bands         start value of band ``b``, fold band keys (format 1)
+    ======================  ============  ==================================================
+``span_hashes``: the hash of codes ``c[0..n-1]`` (n ≥ 1) under ``key``
+    ``fmix64(sum(c[j] * B**j for j < n) + n * 0xD6E8FEB86659FD93 + key)`` with ``B =``
+    :data:`POLY_BASE` ``= 0x9E3779B97F4A7C15``. The codes are a character span's code
+    points (each below 2**32) or a word shingle's 64-bit word hashes (:mod:`.text` says
+    which key each use takes). The length term keeps spans that differ only by trailing
+    zero codes apart.
+``high_bits_below(h, bound)``
+    ``((h >> 32) * bound) >> 32``: the top 32 bits of ``h`` mapped onto ``[0, bound)`` by
+    multiply-shift (exact for ``bound <= 2**32``).
 """
 
 from __future__ import annotations

@@ -14,19 +14,26 @@ polynomial of degree ``bands * rows <= num_perm``, which Gauss–Legendre quadra
 bandings that Riemann-sum bounds of their areas leave in contention are integrated so.
 
 A band key is a 64-bit seeded digest of the band's ``rows`` values, in one of two schemes
-(:data:`KEY_SCHEMES`, recorded with the banding of every store):
+(:data:`KEY_SCHEMES`, recorded with the banding of every store). This is their
+specification. Band ``b`` (0-based) of a signature ``v`` holds positions ``j = b * rows``
+to ``(b + 1) * rows - 1``; values are taken as 64-bit integers, arithmetic wraps modulo
+2**64, and the keys come from :func:`.hashing.derive_keys` with the signatures' seed (a
+store uses its ``config.seed``):
 
 ``multilinear`` (stores of format 2)
-    ``sum(m[j] * v[j]) mod 2**64`` over the band's positions ``j``, with a seeded 64-bit
-    multiplier ``m[j]`` per signature position. For two different bands some difference
-    ``v[j] - v'[j]`` is non-zero and, being below ``2**32`` in size, divisible by at most
-    ``2**31``; fixing the other multipliers, at most ``2**31`` of the ``2**64`` values of
-    ``m[j]`` make the sums equal, so two different bands collide with probability at most
-    ``2**-33``. One signature's keys are three array operations (about 5 µs), which is
-    what a single query pays.
+    ``sum(m[j] * v[j])`` over the band's positions ``j``, with ``m = derive_keys(seed,
+    "band-multilinear", bands * rows)`` (not forced odd): one multiplier per signature
+    position, the same in every banding, as a shorter ``derive_keys`` stream is a prefix
+    of a longer one. For two different bands some difference ``v[j] - v'[j]`` is non-zero
+    and, being below ``2**32`` in size, divisible by at most ``2**31``; fixing the other
+    multipliers, at most ``2**31`` of the ``2**64`` values of ``m[j]`` make the sums
+    equal, so two different bands collide with probability at most ``2**-33``. One
+    signature's keys are three array operations (about 5 µs), which is what a single
+    query pays.
 ``fold`` (stores of format 1)
-    a start value per band, folded with each row (add, multiply, xor-shift), finalised with
-    fmix64: thirteen dependent steps per band, about 80 µs for one signature.
+    ``k = derive_keys(seed, "band", bands)[b]``; then, for each of the band's values in
+    order, ``k += v[j]; k *= 0x9FB21C651E98DF25; k ^= k >> 29``; the key is
+    ``fmix64(k)``: thirteen dependent steps per band, about 80 µs for one signature.
 
 A collision only adds a candidate, which verification against the signatures rejects.
 """

@@ -18,7 +18,31 @@ the estimate stays unbiased. Cost O(n + num_perm). It is the default: at equal a
 is far faster (see ``tools/bench_signatures.py``).
 
 A document with no shingles (only with ``allow_empty``) gets the empty signature: every
-value ``2**32 - 1``.
+value ``2**32 - 1``. That value is not reserved: under ``oph`` a document whose every
+shingle hash ends in 32 one bits gets the same signature. For a one-shingle document
+(text shorter than the shingle size) that is a 2**-32 chance, and such a text can be made
+on purpose. Under ``kperm`` each of the ``num_perm`` values must reach it by chance
+(about ``2**(-32 * num_perm)`` for one shingle).
+
+Specification (hashes ``x`` are the 64-bit shingle hashes of :mod:`.text`, used as they
+are, with no further seeded hash; arithmetic wraps modulo 2**64; keys come from
+:func:`.hashing.derive_keys` with ``MinHashConfig.seed``):
+
+``kperm``
+    ``a[i] = derive_keys(seed, "kperm-a", num_perm)[i] | 1``, ``b[i] =
+    derive_keys(seed, "kperm-b", num_perm)[i]``; value ``i`` is the minimum over the
+    document's ``x`` of ``a[i] * x + b[i]``, shifted right by 32 (the minimum of no
+    values counts as ``2**64 - 1``, so a document with no shingles gets ``2**32 - 1``).
+``oph``
+    1. Bins: shingle ``x`` falls into bin ``((x >> 32) * num_perm) >> 32``
+       (:func:`.hashing.high_bits_below`) with the value ``x & 0xFFFFFFFF``; a bin keeps
+       its smallest value.
+    2. Densification, for a document with at least one shingle: with ``p =
+       derive_keys(seed, "oph-densify", num_perm)``, an empty bin ``j`` takes the value of
+       bin ``((fmix64(p[j] + t) >> 32) * num_perm) >> 32`` for the first ``t = 1, 2, ...``
+       at which that bin was filled in step 1 (bins filled here are never a source). A
+       probe may land on ``j`` itself, which is empty and so skipped.
+    3. A document with no shingles: every value ``2**32 - 1``.
 """
 
 from __future__ import annotations

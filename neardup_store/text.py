@@ -33,6 +33,38 @@ points into one array and every shingle is a span hashed by
 :func:`neardup_store.hashing.span_hashes` (no Python call per shingle). Words are hashed
 as spans of characters, and word shingles as spans of word hashes. ``HASH_VERSION`` names
 this algorithm; any change to it must bump the number.
+
+Specification (``HASH_VERSION`` 1). ``span(codes, key)`` is the span hash,
+``derive_keys`` and ``fmix64`` as :mod:`.hashing` specifies them, and ``word_key,
+shingle_key, bag_key = derive_keys(seed, "shingle", 3)``. A document's shingle hashes are
+made in this order:
+
+1. Normalise (:func:`normalize`), each step only if its switch is on: NFKC
+   (``unicodedata.normalize``), then ``str.casefold``, then every maximal run of white
+   space becomes one U+0020, then white space at both ends is removed. White space is
+   exactly Python's ``str.isspace()``: Unicode's White_Space property plus the
+   information separators U+001C–U+001F, that is the 29 code points U+0009–U+000D,
+   U+001C–U+0020, U+0085, U+00A0, U+1680, U+2000–U+200A, U+2028, U+2029, U+202F, U+205F
+   and U+3000 (not U+180E, U+200B or U+FEFF). NFKC, casefold and this set follow the
+   interpreter's Unicode database (:func:`unicode_version`).
+2. Units and their codes. The code of a character is its code point; a lone surrogate
+   (a Python ``str`` can hold one, for instance from ``json.loads``) is one character
+   whose code is its own value, 0xD800–0xDFFF (UTF-32 with ``surrogatepass``). ``char``:
+   the units are the characters, their codes the code points. ``word``/``stopword``: the
+   units are the words (maximal runs of non-white-space characters), the code of a word
+   ``span(its characters' codes, word_key)``.
+3. Shingles, in text order, each ``span(the codes of units i to i + size - 1,
+   shingle_key)``: ``char`` and ``word`` at every ``i`` from 0 to ``units - size``;
+   ``stopword`` at those ``i`` whose word is a stop word (in :data:`ENGLISH_STOP_WORDS`
+   as written, Capitalised or UPPER CASE). The implementation compares word hashes, so a
+   word whose 64-bit hash equals a stop form's counts as one (about a 2**-55 chance a
+   word). A document with units but no such ``i`` has one shingle, ``span(the codes of
+   all its units, shingle_key)``; one without units has none.
+4. Bags (``bag=True``): within a document, equal hashes ``h`` are counted (by hash, not by
+   text); the i-th repeat (``i >= 1``, the first occurrence being ``i = 0``) becomes
+   ``fmix64(h ^ fmix64(i + bag_key))``, the first keeps ``h``. :meth:`Shingler.hash_batch`
+   returns a bag document's hashes in order of their plain hash, a set's in text order;
+   a signature does not depend on the order.
 """
 
 from __future__ import annotations
