@@ -12,7 +12,12 @@ Why it can answer for a snapshot without replaying what each commit changed:
 * Document ids are handed out in increasing order and never reused (an aborted
   transaction's ids are handed out again, but no snapshot ever sees them). So the
   documents a newer snapshot adds are exactly its records from the cache's ``next_id``
-  on, read in id order from the ``docs`` table.
+  on, read in id order from the ``docs`` table. Only a repair breaks this: one that
+  restores a damaged ``next_doc_id`` can lower it below ids of removed and purged
+  documents, which are then handed out again. The cache starts over when it sees that
+  (``next_doc_id`` below its ``next_id``, or another record under the newest id it read;
+  a repair in this process resets it outright). A docs key that is no id the cache can
+  hold (damage, which the repair moves to a new id) counts as a record it cannot parse.
 * Removals are not applied. The cache is a superset of a snapshot's band entries: its
   candidates are read from the snapshot's records like any others, and a candidate with
   no record in the snapshot (removed, or added by a later commit) is skipped.
@@ -30,16 +35,21 @@ Why it can answer for a snapshot without replaying what each commit changed:
 
 Candidates are the same as LMDB's: the cache keys each entry by the bytes of the band key
 the store's :class:`~.codec.BandLayout` keeps (40 bits in formats 4 and 5). Entries of removed
-documents stay until they outnumber the live ones, when the cache is rebuilt.
+documents stay until they would outnumber the live ones after a catch-up, which then
+builds new tables from the records instead.
 
 Each distinct bucket has one slot on the probe paths (its head); a bucket of several
 documents chains them through slots of their own, so that boilerplate shared by k
 documents costs O(1) an insert and does not lengthen other keys' probes. Memory is 16
 bytes a slot per band (a slot a document, one more for each bucket of several), between
-60 % and 80 % full (linear probing slows sharply past that): about 180-240 bytes per
-document with 9 bands. Thread-safe: the compiled loops hold the GIL, catching up is
-serialised, and a reader keeps the tables it was handed (a rebuild makes new ones) with
-the snapshot they were caught up for.
+60 % and 80 % full (linear probing slows sharply past that): about 190-240 bytes per
+document with 9 bands, and up to twice that while removed documents' entries are kept
+(measured: at most 480; a growth also holds the old tables until it is done).
+Thread-safe: the compiled loops hold the GIL, catching up is serialised, and a reader
+keeps the tables it was handed (a rebuild makes new ones) with the snapshot they were
+caught up for. Safe from interrupts too: a compiled insert counts what it added itself,
+so a Ctrl-C or a timeout raised as it returns leaves no slot uncounted, and no loop writes
+past an array on the strength of a count.
 """
 
 from __future__ import annotations
@@ -73,7 +83,9 @@ _CHAIN = np.uint64(1 << 62)
 _MAX_LOAD = 0.8  # a table this full grows to
 _GROWN_LOAD = 0.6  # this load (open addressing slows down sharply past 0.8)
 _MIN_CAPACITY = 1 << 10
+_REBUILD_SLACK = _MIN_CAPACITY // 4  # removed entries a band may hold beyond the live ones
 _CHUNK = 8192  # records read and indexed per step while catching up
+_ID_BYTES = 8  # a docs key that is an id (codec.encode_id)
 _NO_KEYS = np.empty((0, 0), dtype=np.uint64)
 _NO_MULTIPLIERS = np.empty(0, dtype=np.uint64)
 # xxh64's primes: a record's checksum is xxh64 (seed 0) of its bytes before it.
@@ -85,11 +97,23 @@ _P5 = np.uint64(0x27D4EB2F165667C5)
 _MINUS_P1 = np.uint64(2**64 - 0x9E3779B185EBCA87)
 
 
-def _insert(table: Table, keys: Table, tags: Table, used: int, limit: int) -> tuple[int, int, int]:
+def _insert(
+    table: Table,
+    keys: Table,
+    tags: Table,
+    used: npt.NDArray[np.int64],
+    band: int,
+    limit: int,
+    entries: npt.NDArray[np.int64],
+) -> int:
     """Add the entries ``(keys[i], tags[i])`` (tag: a document's id + 1) to one band's
-    ``(capacity, 2)`` table, which has ``used`` slots taken, stopping before an entry that
-    could take it past ``limit``. Returns ``(entries done, slots taken, entries added)``;
-    an entry already newest in its bucket is not added twice.
+    ``(capacity, 2)`` table, of which ``used[band]`` slots are taken, stopping before an
+    entry that could take it past ``limit``. Returns how many entries were done; an entry
+    already newest in its bucket is not added twice.
+
+    ``used[band]`` and ``entries[0]`` (entries held) are counted here, not by the caller:
+    a signal handler that raises (Ctrl-C, a request timeout) runs when a compiled call
+    returns, and must not find the table changed and its counts not.
 
     A bucket has one head, so each of its k documents costs O(1) to add and the bucket
     one slot on other keys' probe paths; its members lie where ``(key, tag)`` hashes.
@@ -98,10 +122,12 @@ def _insert(table: Table, keys: Table, tags: Table, used: int, limit: int) -> tu
     """
     capacity = table.shape[0]
     size = np.uint64(capacity)
-    added = 0
+    taken, added = used[band], 0
+    done = len(keys)
     for i in range(len(keys)):
-        if used + 2 > limit:  # a bucket of one turning into a chain takes two slots
-            return i, used, added
+        if taken + 2 > limit:  # a bucket of one turning into a chain takes two slots
+            done = i
+            break
         key, tag = keys[i], tags[i]
         head = np.int64((((key * _FIBONACCI) >> _HALF) * size) >> _HALF)
         while table[head, 1] != 0 and (table[head, 1] >= _MEMBER or table[head, 0] != key):
@@ -109,7 +135,7 @@ def _insert(table: Table, keys: Table, tags: Table, used: int, limit: int) -> tu
         value = table[head, 1]
         if value == 0:  # a new bucket
             table[head, 0], table[head, 1] = key, tag
-            used, added = used + 1, added + 1
+            taken, added = taken + 1, added + 1
             continue
         if value < _CHAIN:  # a bucket of one: its id moves to a member first
             if value == tag:
@@ -120,7 +146,7 @@ def _insert(table: Table, keys: Table, tags: Table, used: int, limit: int) -> tu
                 at = at + 1 if at + 1 < capacity else 0
             table[at, 0], table[at, 1] = 0, _MEMBER | value
             table[head, 1] = _CHAIN | np.uint64(at)
-            used += 1
+            taken += 1
         newest = table[head, 1] & ~_CHAIN
         if table[np.int64(newest), 1] == _MEMBER | tag:
             continue
@@ -130,8 +156,10 @@ def _insert(table: Table, keys: Table, tags: Table, used: int, limit: int) -> tu
             at = at + 1 if at + 1 < capacity else 0
         table[at, 0], table[at, 1] = newest + np.uint64(1), _MEMBER | tag
         table[head, 1] = _CHAIN | np.uint64(at)
-        used, added = used + 1, added + 1
-    return len(keys), used, added
+        taken, added = taken + 1, added + 1
+    used[band] = taken
+    entries[0] += added
+    return done
 
 
 def _probe(
@@ -194,7 +222,9 @@ def _probe(
 def _band_entries(table: Table, keys: Table, tags: Table) -> int:
     """Every entry of one band's ``(capacity, 2)`` table into ``keys`` and ``tags``, each
     bucket's in the order they were added (so that a rehash keeps each chain's order);
-    returns how many."""
+    returns how many the table holds. Only those that fit are written: a larger count
+    says that ``keys`` was too short and holds a part, for the caller to ask again."""
+    room = len(keys)
     n = 0
     for slot in range(table.shape[0]):
         value = table[slot, 1]
@@ -202,7 +232,8 @@ def _band_entries(table: Table, keys: Table, tags: Table) -> int:
             continue
         key = table[slot, 0]
         if value < _CHAIN:
-            keys[n], tags[n] = key, value
+            if n < room:
+                keys[n], tags[n] = key, value
             n += 1
             continue
         count, at = 0, value & ~_CHAIN
@@ -212,10 +243,11 @@ def _band_entries(table: Table, keys: Table, tags: Table) -> int:
             if at == 0:
                 break
             at -= np.uint64(1)
-        at = value & ~_CHAIN
-        for back in range(n + count - 1, n - 1, -1):
-            keys[back], tags[back] = key, table[at, 1] & ~_MEMBER
-            at = table[at, 0] - np.uint64(1)
+        if n + count <= room:
+            at = value & ~_CHAIN
+            for back in range(n + count - 1, n - 1, -1):
+                keys[back], tags[back] = key, table[at, 1] & ~_MEMBER
+                at = table[at, 0] - np.uint64(1)
         n += count
     return n
 
@@ -344,14 +376,21 @@ class _Tables:
     a reader holding one is never left with less than its snapshot needs.
     """
 
-    __slots__ = ("entries", "next_id", "table", "unparsed", "used")
+    __slots__ = ("_entries", "newest", "next_id", "table", "unparsed", "used")
 
     def __init__(self, bands: int, capacity: int = _MIN_CAPACITY) -> None:
         self.table: Table = np.zeros((bands, capacity, 2), dtype=np.uint64)
-        self.used = np.zeros(bands, dtype=np.int64)  # slots taken in each band
-        self.entries = 0
+        # Slots taken in each band, and entries held: counted by the compiled insert.
+        self.used = np.zeros(bands, dtype=np.int64)
+        self._entries = np.zeros(1, dtype=np.int64)
         self.next_id = 0  # records from this id on are not in the tables yet
-        self.unparsed: tuple[bytes, ...] = ()  # ids of damaged records, not in the tables
+        self.newest = b""  # the record of id next_id - 1 as read (to tell if it changed)
+        self.unparsed: tuple[bytes, ...] = ()  # keys of damaged records, not in the tables
+
+    @property
+    def entries(self) -> int:
+        """Entries held, those of removed documents included."""
+        return int(self._entries[0])
 
     @property
     def limit(self) -> int:
@@ -369,18 +408,19 @@ class _Tables:
         tags = np.empty_like(keys)
         for band in range(bands):
             count = _loops().band_entries(self.table[band], keys, tags)
+            if count > len(keys):  # more than the counts said: never guess, ask again
+                keys, tags = np.empty(count, dtype=np.uint64), np.empty(count, dtype=np.uint64)
+                count = _loops().band_entries(self.table[band], keys, tags)
             copy.add(band, keys[:count], tags[:count])
-        copy.next_id, copy.unparsed = self.next_id, self.unparsed
+        copy.next_id, copy.newest, copy.unparsed = self.next_id, self.newest, self.unparsed
         return copy
 
     def add(self, band: int, keys: Table, tags: Table) -> int:
         """Add the entries ``(keys[i], tags[i])`` to ``band`` in place; returns how many
         were done: fewer than all when the band is full, which must grow first."""
-        done, used, added = _loops().insert(
-            self.table[band], keys, tags, int(self.used[band]), self.limit
+        done = _loops().insert(
+            self.table[band], keys, tags, self.used, band, self.limit, self._entries
         )
-        self.used[band] = used
-        self.entries += added
         return int(done)
 
     def with_documents(self, kept: Table, tags: Table) -> _Tables:
@@ -402,6 +442,8 @@ class BandCache:
         self._store = store
         self._lock = threading.Lock()
         self._keep = store._band_layout.kept_shift
+        # Ids the tables can hold (a tag is an id + 1, below _CHAIN) and the layout keeps.
+        self._id_limit = min(store._band_layout.id_limit, int(_CHAIN) - 1)
         # (snapshot the tables last caught up to, the tables): one attribute, so that a
         # reader never pairs a snapshot with tables made for another.
         self._state: tuple[int, _Tables] = (-1, _Tables(store.banding.bands))
@@ -468,15 +510,52 @@ class BandCache:
 
     def _catch_up(self, txn: lmdb.Transaction, tables: _Tables) -> _Tables:
         """``tables`` with the records of ``txn`` they lack; new tables built from every
-        record when removed documents' entries would outnumber the live ones."""
-        store = self._store
-        bands = store.banding.bands
-        live = int(txn.stat(store._docs_db)["entries"])
-        if tables.entries > 2 * bands * live + tables.table.shape[1] // 4:
+        record when the snapshot's history is not the one they were built from, or when
+        removed documents' entries would outnumber the live ones."""
+        bands = self._store.banding.bands
+        live = int(txn.stat(self._store._docs_db)["entries"])
+        if self._rewritten(txn, tables) or self._crowded(tables, live):
             tables = _Tables(bands)  # readers of the old tables keep them whole
         if tables.entries == 0:
             tables = tables.grown(live)
-        with txn.cursor(db=store._docs_db) as cursor:
+        tables = self._read_from(txn, tables)
+        if self._crowded(tables, live):  # the records just added tipped it
+            tables = self._read_from(txn, _Tables(bands).grown(live))
+        return tables
+
+    def _crowded(self, tables: _Tables, live: int) -> bool:
+        """Whether entries of removed documents outnumber the ``live`` ones' (by more than
+        a few hundred a band, so that a small store is not rebuilt at every catch-up)."""
+        bands = self._store.banding.bands
+        return tables.entries > bands * (2 * live + _REBUILD_SLACK)
+
+    def _rewritten(self, txn: lmdb.Transaction, tables: _Tables) -> bool:
+        """Whether ``txn`` may hold records under ids below the tables' ``next_id`` that
+        they never read: ids are never handed out twice, except after a repair
+        (``check --repair``, perhaps by another process) lowered ``next_doc_id`` from a
+        damaged value, which hands out again the ids of removed and purged documents.
+        Seen as ``next_doc_id`` below ``next_id``, or as another record under the newest
+        id the tables read (in ``docs``, or in ``removed`` awaiting a purge). Not seen if
+        that id's new document was removed and purged too before this catch-up."""
+        if tables.next_id == 0:
+            return False
+        store = self._store
+        raw = txn.get(b"next_doc_id", db=store._meta_db)
+        try:
+            next_doc_id = None if raw is None else codec.unpack_meta(raw)
+        except ValueError:  # damage, which check reports: not evidence of a rewrite
+            next_doc_id = None
+        if type(next_doc_id) is int and 0 <= next_doc_id < tables.next_id:
+            return True
+        newest = codec.encode_id(tables.next_id - 1)
+        record = txn.get(newest, db=store._docs_db)
+        if record is None and store._removed_db is not None:
+            record = txn.get(newest, db=store._removed_db)
+        return record is not None and bytes(record) != tables.newest
+
+    def _read_from(self, txn: lmdb.Transaction, tables: _Tables) -> _Tables:
+        """``tables`` with the records of ``txn`` from their ``next_id`` on."""
+        with txn.cursor(db=self._store._docs_db) as cursor:
             if not cursor.set_range(codec.encode_id(tables.next_id)):
                 return tables
             ids: list[bytes] = []
@@ -493,12 +572,34 @@ class BandCache:
 
     def _add_records(self, tables: _Tables, ids: list[bytes], records: list[bytes]) -> _Tables:
         sigs, ok = _read_signatures(records, self._store.config.num_perm)
-        doc_ids = codec.decode_ids(ids)
+        doc_ids, is_id = self._ids(ids)
+        if not is_id.all():
+            ok &= is_id
         tables = tables.with_documents(self.kept(sigs[ok]), doc_ids[ok] + np.uint64(1))
         if not ok.all():
-            tables.unparsed += tuple(ids[i] for i in np.flatnonzero(~ok).tolist())
-        tables.next_id = max(tables.next_id, int(doc_ids[-1]) + 1)
+            known = set(tables.unparsed)
+            bad = [bytes(ids[i]) for i in np.flatnonzero(~ok).tolist()]
+            tables.unparsed += tuple(doc_id for doc_id in bad if doc_id not in known)
+        last = len(ids) - 1  # the largest id is the last key that is one (ids sort as numbers)
+        if not is_id[last]:
+            valid = np.flatnonzero(is_id)
+            last = int(valid[-1]) if len(valid) else -1
+        if last >= 0 and int(doc_ids[last]) >= tables.next_id:
+            newest, next_id = bytes(records[last]), int(doc_ids[last]) + 1
+            tables.newest, tables.next_id = newest, next_id  # (no call between: no signal)
         return tables
+
+    def _ids(self, keys: list[bytes]) -> tuple[Table, npt.NDArray[np.bool_]]:
+        """The ids of the docs ``keys``, and which keys are ids the tables can hold: any
+        other (damage, which check reports and its repair moves) is a record the cache
+        cannot parse, which must neither raise here nor move ``next_id``."""
+        if set(map(len, keys)) == {_ID_BYTES}:
+            doc_ids = codec.decode_ids(keys)
+            return doc_ids, doc_ids < np.uint64(self._id_limit)
+        is_id = np.array([len(key) == _ID_BYTES for key in keys], dtype=np.bool_)
+        doc_ids = np.zeros(len(keys), dtype=np.uint64)
+        doc_ids[is_id] = codec.decode_ids(keys[i] for i in np.flatnonzero(is_id).tolist())
+        return doc_ids, is_id & (doc_ids < np.uint64(self._id_limit))
 
 
 class CacheLookup:

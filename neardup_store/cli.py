@@ -426,6 +426,12 @@ def _read_jsonl(
     return queries, failed
 
 
+def _query_id(qid: Any) -> Any:
+    """A query's id as printed: a str id as a key is (:func:`.ingest.key_text`), so that
+    a document that a query of the same corpus finds reads alike in both columns."""
+    return render.key_text(qid) if isinstance(qid, str) else qid
+
+
 class _BadLine(NamedTuple):
     reason: str
     qid: Any  # the line's id, if it has one
@@ -1001,7 +1007,7 @@ def query(
             progress(lo + QUERY_CHUNK)
     queries = answered
     rows = [
-        (q.qid, render.key_text(m.key), m.score, m.exact)
+        (_query_id(q.qid), render.key_text(m.key), m.score, m.exact)
         for q, matches in zip(queries, results, strict=True)
         for m in matches
     ]
@@ -1240,7 +1246,9 @@ def remove(
     commits every that many; a missing key fails before anything is removed.
 
     Keys are written as pairs, query and clusters print them: hex:<hex digits> is a bytes
-    key, and a key that starts with hex: has a backslash in front (\\hex:...).
+    key, str:<hex digits> the UTF-8 of a key that a line would not carry whole (a line
+    break, a tab, a blank at an end), and a key that could be read as either has a
+    backslash in front (\\hex:...).
 
     \b
     Example:

@@ -255,9 +255,10 @@ class StorePermissionError(NeardupError, PermissionError):
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
             f"{path}: permission denied ({detail}); opening a store, even read-only, needs "
-            "read access to data.mdb and write access to lock.mdb and neardup.lock: ask its "
-            "owner for group write (a store made with mode 0o770 under umask 002, or chmod "
-            "g+w on those files), or open a copy of it"
+            "access to its directory, read access to data.mdb and write access to lock.mdb "
+            "and neardup.lock (creating one, write access to the directory): ask its owner "
+            "for group access (a store of the group, made with mode 0o770 under umask 002, "
+            "or chmod g+w on those files), or open a copy of it"
         )
         self.path, self.detail = path, detail
 

@@ -42,7 +42,6 @@ only raises it.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import fnmatch
 import itertools
 import json
@@ -443,18 +442,20 @@ def key_text(key: str | bytes) -> str:
 
     Bytes keys (possible from the library, never from this CLI) are shown as ``hex:`` and
     their bytes in lowercase hex, so that JSON stays valid and nothing is silently
-    re-encoded. A str key that a line or a table would not show as it is (empty, a blank
-    at either end, or any character that is not printable: line breaks, tabs, other
-    controls, invisible format characters) is shown as ``str:`` and its UTF-8 in hex:
-    ``"x\\r"`` prints as ``str:780d``. A str key that could be read as either form
-    (``hex:`` or ``str:`` after any backslashes) gets one backslash more in front, so no
-    two keys print alike: ``b"\\x00\\xff"`` prints as ``hex:00ff`` and ``"hex:00ff"`` as
-    ``\\hex:00ff``. Every other str key prints as it is. :func:`key_from_text` reads any
-    of them back.
+    re-encoded. A str key that a line or a table cell would not carry whole (empty, white
+    space at either end, or a control character: line breaks, tabs, C0 and C1 controls,
+    U+2028, U+2029) is shown as ``str:`` and its UTF-8 in hex: ``"x\\r"`` prints as
+    ``str:780d``. These rules use fixed character sets, not the Unicode database, so a key
+    prints the same under every Python. A str key that could be read as either form
+    (``hex:``, or ``str:`` and the hex of such a key, after any backslashes) gets one
+    backslash more in front, so no two keys print alike: ``b"\\x00\\xff"`` prints as
+    ``hex:00ff`` and ``"hex:00ff"`` as ``\\hex:00ff``. Every other str key prints as it
+    is, ``"str:61"`` included (``"a"`` prints as ``a``). :func:`key_from_text` reads any of
+    them back.
     """
     if not isinstance(key, str):
         return HEX_PREFIX + bytes(key).hex()
-    if not _shows_as_itself(key):
+    if not _fits_a_line(key):
         return STR_PREFIX + key.encode("utf-8", "surrogatepass").hex()
     return "\\" + key if _looks_escaped(key) else key
 
@@ -463,38 +464,62 @@ def key_from_text(text: str) -> str | bytes:
     """The key that :func:`key_text` prints as ``text``: what ``remove`` takes.
 
     Raises:
-        InvalidParameterError: ``text`` starts with ``hex:`` or ``str:`` but no whole
-            bytes (for ``str:``, no UTF-8 text) follow.
+        InvalidParameterError: ``text`` starts with ``hex:`` but no whole bytes follow.
     """
     if text.startswith("\\") and _looks_escaped(text):
         return text[1:]
-    prefix = text[: len(HEX_PREFIX)]
-    if prefix not in (HEX_PREFIX, STR_PREFIX):
+    escaped = _escaped_str(text)
+    if escaped is not None:
+        return escaped
+    if not text.startswith(HEX_PREFIX):
         return text
-    digits = text[len(prefix) :]
-    if _HEX_DIGITS.fullmatch(digits):
-        data = bytes.fromhex(digits)
-        if prefix == HEX_PREFIX:
-            return data
-        with contextlib.suppress(UnicodeDecodeError):
-            return data.decode("utf-8", "surrogatepass")
-    what = "of its UTF-8" if prefix == STR_PREFIX else "a bytes key"
-    raise InvalidParameterError(
-        "key",
-        text,
-        f"{prefix} and two hex digits a byte ({what}); a str key that starts with {prefix} is "
-        f"written with a backslash in front, \\{prefix}...",
-    )
+    digits = text[len(HEX_PREFIX) :]
+    if not _HEX_DIGITS.fullmatch(digits):
+        raise InvalidParameterError(
+            "key",
+            text,
+            "hex: and two hex digits a byte for a bytes key (a str key that starts with "
+            "hex: is written with a backslash in front, \\hex:...)",
+        )
+    return bytes.fromhex(digits)
 
 
 def _looks_escaped(text: str) -> bool:
-    return text.lstrip("\\").startswith((HEX_PREFIX, STR_PREFIX))
+    body = text.lstrip("\\")
+    return body.startswith(HEX_PREFIX) or _escaped_str(body) is not None
 
 
-def _shows_as_itself(key: str) -> bool:
-    """Whether a line shows ``key`` whole: something to see, no blank at an end that a
-    reader would strip or miss, and only printable characters."""
-    return key.isprintable() and key.strip(" ") == key != ""
+def _escaped_str(text: str) -> str | None:
+    """The key ``text`` stands for if it is what :func:`key_text` prints for a key that
+    does not fit a line (``str:`` and that key's UTF-8 in hex); otherwise None, and
+    ``text`` is a key as it is."""
+    if not text.startswith(STR_PREFIX):
+        return None
+    digits = text[len(STR_PREFIX) :]
+    if not _HEX_DIGITS.fullmatch(digits):
+        return None
+    try:
+        key = bytes.fromhex(digits).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+    return None if _fits_a_line(key) else key
+
+
+_LINE_BREAKERS = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")
+"""Control characters: line breaks and others that a line or a table cell would not show
+as they are (``str.splitlines`` splits at several of them)."""
+
+
+_BLANKS = " \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u202f\u205f\u3000"
+"""The white space that is not a control character (what ``str.isspace`` adds to the
+controls), fixed here so that the rule does not follow the interpreter's Unicode
+database."""
+
+
+def _fits_a_line(key: str) -> bool:
+    """Whether a line, or a table cell, carries ``key`` whole: it is not empty, has no
+    white space at either end, and no control character."""
+    return key != "" and key.strip(_BLANKS) == key and _LINE_BREAKERS.search(key) is None
 
 
 def json_text(value: Any) -> str:

@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import codec, lmdbfile
+from .band_cache import BandCache
 from .errors import check_flags, check_progress
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
@@ -653,6 +654,11 @@ def check(
     operation = _rederive(store, unreadable)
     with store.write() as writer:
         writer._run(operation, writer)
+    if store._band_cache is not None:
+        # The repair may give records new ids or hand out again ids this cache holds
+        # other documents under; the cache also notices from the records (another
+        # process's repair), but not when the reused ids were removed again since.
+        store._band_cache = BandCache(store)
     again = None if progress is None else (lambda done: progress(checked + done))
     _, remaining = _run_check(store, again)
     return CheckReport(checked, found, True, remaining)

@@ -21,6 +21,7 @@ later process loads it in a fraction of a second instead of compiling for about 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -187,7 +188,7 @@ def compile_loops(loops: dict[str, Any], nogil: bool = True) -> SimpleNamespace:
     some containers) it refuses ``cache=True``; the loops are then compiled in every
     process instead of failing.
     """
-    import numba
+    numba = _import_numba()
 
     def build(cache: bool) -> SimpleNamespace:
         jit = numba.njit(cache=cache, nogil=nogil)
@@ -197,3 +198,20 @@ def compile_loops(loops: dict[str, Any], nogil: bool = True) -> SimpleNamespace:
         return build(cache=True)
     except RuntimeError:  # "cannot cache function ...: no locator available"
         return build(cache=False)
+
+
+def _import_numba() -> Any:
+    """numba, imported whole or not at all. An exception while it imports (a Ctrl-C in the
+    half second the first signing or cached query spends there) leaves its modules half
+    made in ``sys.modules``, where every later import finds them and fails with a raw
+    ``AttributeError``; they are dropped, so that the next call imports numba again."""
+    try:
+        import numba
+    except BaseException:
+        for name in [name for name in sys.modules if name.partition(".")[0] in _NUMBA_PACKAGES]:
+            del sys.modules[name]
+        raise
+    return numba
+
+
+_NUMBA_PACKAGES = ("numba", "llvmlite")

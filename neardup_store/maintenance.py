@@ -671,9 +671,15 @@ def _synced_copy(
 
 
 def _keep_mode(original: Path, copy: Path) -> None:
-    """Give an LMDB copy the original's permissions: LMDB creates it 0o666 less the umask,
-    which would turn an owner-only store readable by everyone."""
-    os.chmod(copy, stat.S_IMODE(original.stat().st_mode))
+    """Give an LMDB copy the original's group and permissions. LMDB creates it 0o666 less
+    the umask, which would turn an owner-only store readable by everyone, and in the
+    creator's primary group, which would lock the rest of a group out of a store one of
+    its members compacted."""
+    info = original.stat()
+    if copy.stat().st_gid != info.st_gid:
+        with contextlib.suppress(PermissionError):  # a group this user is not in
+            os.chown(copy, -1, info.st_gid)
+    os.chmod(copy, stat.S_IMODE(info.st_mode))  # after chown, which may clear bits
 
 
 def backup(

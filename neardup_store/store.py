@@ -286,9 +286,10 @@ class Store:
         ``band_cache=True`` keeps an in-memory copy of the band tables
         (:mod:`.band_cache`), built from the records at the first query and kept in step
         with later commits: each query's candidates then take one compiled call instead
-        of a B-tree descent per band. It costs 20-27 bytes per band per document in
-        this process (16 a slot, the tables 60-80 % full), and the first query reads
-        every record.
+        of a B-tree descent per band. It costs 21-27 bytes per band per document in
+        this process (16 a slot, the tables 60-80 % full), up to twice that while
+        entries of removed documents are kept (until they would outnumber the live
+        ones), and the first query reads every record.
 
         Raises:
             StoreNotFoundError: nothing at ``path`` and ``create`` is false.
@@ -296,6 +297,8 @@ class Store:
                 (with ``create``) a directory of other files and no store.
             FormatVersionError: written by an unknown format version.
             ParamsMismatchError: a passed parameter conflicts with the stored one.
+            StorePermissionError: this user may not enter the directory, read the data
+                file or write the lock files (or, to create, write the directory).
         """
         check_flags(create=create, read_only=read_only, durable=durable, band_cache=band_cache)
         if read_only and create:
@@ -319,34 +322,41 @@ class Store:
                 "mode", shown, "permission bits in [0o700, 0o777]: the owner needs rwx"
             )
         directory = path_of(path)
-        asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
-        if directory.exists() and not directory.is_dir():
-            raise NotAStoreError(str(directory), "it is a file, not a store directory")
-        if create:
-            _refuse_foreign_files(directory)
-        # Checked before anything is made, so that bad parameters leave no directory.
-        params = (
-            resolve_params(*asked) if create and not (directory / "data.mdb").exists() else None
-        )
-        store = cls(directory, read_only, durable, mode)
-        store._keeps_band_cache = bool(band_cache)
-        with _creation_lock(directory, create, mode):
-            exists = (directory / "data.mdb").exists()
-            if not exists and not create:
-                if read_only:  # create=True is refused with it: advise what it can do
-                    raise StoreNotFoundError(str(directory), READ_ONLY_NOT_FOUND_ADVICE)
-                raise StoreNotFoundError(str(directory))
-            if not exists:
-                _refuse_foreign_files(directory)  # made meanwhile by someone else
-            try:
-                if exists:
-                    store._open_existing(asked, map_size, max_readers, create)
-                else:
-                    store._create(params or resolve_params(*asked), map_size, max_readers)
-            except BaseException:
-                store.close()
+        try:
+            asked = (threshold, num_perm, scheme, seed, shingles, bands, rows)
+            if directory.exists() and not directory.is_dir():
+                raise NotAStoreError(str(directory), "it is a file, not a store directory")
+            if create:
+                _refuse_foreign_files(directory)
+            # Checked before anything is made, so that bad parameters leave no directory.
+            params = (
+                resolve_params(*asked) if create and not (directory / "data.mdb").exists() else None
+            )
+            store = cls(directory, read_only, durable, mode)
+            store._keeps_band_cache = bool(band_cache)
+            with _creation_lock(directory, create, mode):
+                exists = (directory / "data.mdb").exists()
+                if not exists and not create:
+                    if read_only:  # create=True is refused with it: advise what it can do
+                        raise StoreNotFoundError(str(directory), READ_ONLY_NOT_FOUND_ADVICE)
+                    raise StoreNotFoundError(str(directory))
+                if not exists:
+                    _refuse_foreign_files(directory)  # made meanwhile by someone else
+                try:
+                    if exists:
+                        store._open_existing(asked, map_size, max_readers, create)
+                    else:
+                        store._create(params or resolve_params(*asked), map_size, max_readers)
+                except BaseException:
+                    store.close()
+                    raise
+            return store
+        except PermissionError as err:  # ours (ReadOnlyError) are typed already
+            if isinstance(err, NeardupError):
                 raise
-        return store
+            raise StorePermissionError(
+                str(directory), f"{err.filename or directory}: {err.strerror or err}"
+            ) from None
 
     def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
         self.path.mkdir(parents=True, exist_ok=True, mode=self.mode)
@@ -406,16 +416,14 @@ class Store:
         is refused, as a writer could not see it.
 
         Raises:
-            InvalidParameterError: a read-only open finds no lock file and cannot make one.
+            StorePermissionError: a read-only open finds no lock file and cannot make one.
         """
         path, file_mode = self.path / LOCK_FILE, self.mode & 0o666
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, file_mode)
         except OSError as err:
             if not self.read_only:
-                if isinstance(err, PermissionError):
-                    raise StorePermissionError(str(self.path), f"{path}: {err.strerror}") from None
-                raise
+                raise  # a PermissionError becomes StorePermissionError in open()
             cause = err
         try:
             return os.open(path, os.O_RDONLY)
@@ -424,11 +432,8 @@ class Store:
                 return None
             # Others can write here (the owner can): unseen, this reader would let them
             # compact the store under it.
-            raise InvalidParameterError(
-                "path",
-                str(self.path),
-                f"a store whose {LOCK_FILE} exists or can be made ({cause.strerror}); open "
-                "it once as a user who may write in it",
+            raise StorePermissionError(
+                str(self.path), f"{path} is missing and cannot be made: {cause.strerror}"
             ) from None
 
     def _create(self, params: StoreParams, map_size: int | None, max_readers: int) -> None:

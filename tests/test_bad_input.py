@@ -531,6 +531,23 @@ def test_compact_and_backup_keep_the_store_private(tmp_path: Path, umask: Any) -
     assert _modes(tmp_path / "copy") == {".": 0o700, "data.mdb": 0o600}
 
 
+def test_compact_and_backup_keep_the_store_s_group(tmp_path: Path) -> None:
+    """LMDB writes its copies in the creator's primary group: a group member's compaction
+    handed the store to that member's group, locking the rest of the group out (review
+    34). The copy takes the store's group, where this user may give it."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a file a group other than one's own needs root here")
+    team = 4242  # no one's primary group
+    make_store(tmp_path / "s")
+    os.chown(tmp_path / "s" / "data.mdb", -1, team)
+    with Store.open(tmp_path / "s") as store:
+        store.remove("alpha")
+        store.compact()
+        store.backup(tmp_path / "copy")
+    for copy in (tmp_path / "s" / "data.mdb", tmp_path / "copy" / "data.mdb"):
+        assert (copy.stat().st_gid, stat.S_IMODE(copy.stat().st_mode)) == (team, 0o600)
+
+
 def test_cli_init_mode(tmp_path: Path, umask: Any) -> None:
     runner = CliRunner()
     done = runner.invoke(cli, ["init", str(tmp_path / "s"), "--mode", "750"])

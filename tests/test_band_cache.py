@@ -632,6 +632,288 @@ def test_compaction_and_rebuild_start_a_new_cache_with_the_same_answers(tmp_path
         assert "late" not in keys_of(final[1]) and final[2] == []
 
 
+# -- interrupts ------------------------------------------------------------------------------------
+
+
+INTERRUPTED_CHILD = """
+import sys
+import numpy as np
+from neardup_store import band_cache
+from neardup_store.store import Store
+
+PARAMS = dict(num_perm=128, bands=9, rows=13, threshold=0.8)
+rng = np.random.default_rng(41)
+sigs = rng.integers(0, 2**32, size=(4900, 128), dtype=np.uint32)
+
+
+def occupied(tables):
+    return [int(np.count_nonzero(tables.table[band, :, 1])) for band in range(9)]
+
+
+def answers(store, queries):
+    with store.read() as txn:
+        assert txn._band_cache() is not None, "the cache did not answer"
+        cached = [txn.query(signature=q) for q in queries], txn.query_many(signatures=queries)
+        cache, store._band_cache = store._band_cache, None
+        direct = [txn.query(signature=q) for q in queries], txn.query_many(signatures=queries)
+        store._band_cache = cache
+    return cached, direct
+
+
+loops = band_cache._loops()
+insert = loops.insert
+with Store.open(sys.argv[1], create=True, band_cache=True, durable=False, **PARAMS) as store:
+    store.add_signatures([(f"d{i}", s) for i, s in enumerate(sigs[:3000])])
+    store.query(signature=sigs[0])  # built: 5001 slots a band, room for 4000
+    for band in range(9):  # nine catch-ups, each interrupted right after band's insert
+        calls = []
+
+        def interrupted(*args):
+            done = insert(*args)
+            calls.append(done)
+            if len(calls) == band + 1:
+                raise KeyboardInterrupt  # as Python delivers a signal: when the call returns
+            return done
+
+        lo = 3000 + 100 * band
+        store.add_signatures([(f"d{lo + i}", s) for i, s in enumerate(sigs[lo : lo + 100])])
+        loops.insert = interrupted
+        try:
+            store.query(signature=sigs[lo])
+            sys.exit(f"catch-up {band} was not interrupted")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            loops.insert = insert
+        assert [m.key for m in store.query(signature=sigs[lo])] == [f"d{lo}"]  # completed
+        _, tables = store._band_cache._state
+        print(band, "counted", tables.used.tolist(), "held", occupied(tables), flush=True)
+    store.add_signatures([(f"d{i}", s) for i, s in enumerate(sigs[3900:], 3900)])
+    cached, direct = answers(store, sigs[::7])  # the catch-up grows the tables
+    _, tables = store._band_cache._state
+    print("grown to", tables.table.shape[1], "counted", tables.used.tolist(),
+          "held", occupied(tables), flush=True)
+    assert cached == direct, "cached answers differ from LMDB's"
+    assert all([m.key for m in found] == [f"d{7 * i}"] for i, found in enumerate(cached[0]))
+print("consistent")
+"""
+
+
+def test_an_interrupt_as_an_insert_returns_leaves_no_slot_uncounted(tmp_path: Path) -> None:
+    """Python delivers a signal (Ctrl-C, a timeout whose handler raises) when a compiled
+    call returns. The counts of slots and entries are updated inside the insert, so the
+    interrupted catch-up leaves them right; counted in Python after it, they fell short
+    of the slots the table held, and the next growth copied every entry into a buffer
+    sized by them, past its end: heap corruption (review 33, finding 1). Run in another
+    process, so that a corruption fails this test instead of aborting pytest."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_CHILD, str(tmp_path / "s")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-2000:]}"
+    lines = done.stdout.splitlines()
+    assert len(lines) == 11 and lines[-1] == "consistent"
+    for line in lines[:10]:  # each band's count equals the slots it holds
+        counted, held = line.split("counted ")[1].split(" held ")
+        assert counted == held, line
+    assert not lines[9].startswith("grown to 5001")  # the last catch-up grew the tables
+
+
+def test_copying_a_band_writes_no_further_than_the_buffers_it_is_given() -> None:
+    """``band_entries`` writes only what fits and returns how many the band holds, so a
+    buffer sized by a wrong count cannot be overrun: the caller asks again."""
+    from neardup_store.band_cache import _Tables
+
+    keys = np.arange(1, 301, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    keys[200:] = keys[0]  # a chain of 101 documents in one bucket
+    tables = _Tables(1).with_documents(keys[:, None], np.arange(1, 301, dtype=np.uint64))
+    assert tables.entries == 300 and int(tables.used[0]) == 301  # the chain's head: a slot
+    sentinel = np.uint64(2**64 - 1)
+    for room in (0, 1, 150, 199, 299):
+        out_keys = np.full(320, sentinel, dtype=np.uint64)
+        out_tags = np.full(320, sentinel, dtype=np.uint64)
+        count = _loops().band_entries(tables.table[0], out_keys[:room], out_tags[:room])
+        assert count == 300
+        assert (out_keys[room:] == sentinel).all() and (out_tags[room:] == sentinel).all()
+    out_keys, out_tags = np.empty(300, dtype=np.uint64), np.empty(300, dtype=np.uint64)
+    assert _loops().band_entries(tables.table[0], out_keys, out_tags) == 300
+    assert sorted(zip(out_tags.tolist(), out_keys.tolist(), strict=True)) == [
+        (i + 1, int(key)) for i, key in enumerate(keys)
+    ]
+
+    tables.used[0] = 10  # a count that fell short: growth still moves every entry
+    grown = tables.grown(2000)
+    assert grown is not tables and grown.entries == 300 and int(grown.used[0]) == 301
+
+
+# -- damaged keys and repairs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_key",
+    [codec.encode_id(5) + b"\x01", codec.encode_id(2**40 + 5)],
+    ids=["9-byte-key", "past-the-ids"],
+)
+def test_a_docs_key_that_is_no_id_sends_queries_through_lmdb_until_it_is_gone(
+    tmp_path: Path, bad_key: bytes
+) -> None:
+    """Damage that ``check`` reports as ``doc-id``: a copy of d5's record under a key
+    that is no id of the format. Decoding a 9-byte key made every cached query raise
+    CorruptRecordError where LMDB answers (review 33, finding 3); a key past the ids
+    moved the cache's ``next_id`` past every id. Either is a record the cache cannot
+    parse: snapshots holding it query through LMDB, and the cache answers again once
+    it is gone."""
+    rng = np.random.default_rng(42)
+    sigs = random_sigs(rng, 300)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        with store.write() as writer:  # before the cache is built: it reads every key
+            record = writer.txn.get(codec.encode_id(5), db=store._docs_db)
+            writer.txn.put(bad_key, record, db=store._docs_db)
+        for doomed in ("d299", "d298"):  # the build, then a catch-up after a commit
+            with band_lookups() as lookups:
+                assert keys_of(store.query(signature=sigs[70])) == ["d70"]
+                assert keys_of(store.query(signature=sigs[250])) == ["d250"]
+            assert lookups[0] > 0  # through LMDB
+            store.remove(doomed)
+        with store.write() as writer:
+            writer.txn.delete(bad_key, db=store._docs_db)
+        answers = assert_same_answers(store, near_copies(rng, sigs))
+        assert match_count(answers) >= 250 and answers[299] == []
+        assert store._band_cache is not None and store._band_cache.entries == 9 * 300
+
+
+def repair_in_another_process(path: Path) -> str:
+    """``neardup-admin check --repair`` of ``path``, run as a command; returns its output."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "neardup_store", "check", str(path), "--repair"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 remain after repair" in done.stdout, done.stdout
+    return done.stdout
+
+
+def test_a_record_moved_by_another_process_s_repair_leaves_the_cache_finding_new_documents(
+    tmp_path: Path,
+) -> None:
+    """Case A of review 33, finding 2: a copy of d7's record under a key past the
+    format's ids; the repair moves it to an ordinary id (it is d7's older version, so it
+    goes to ``removed``). The cache had indexed it and set ``next_id`` past 2**40, so it
+    never read another document: every one added after the repair was missed."""
+    rng = np.random.default_rng(43)
+    sigs = random_sigs(rng, 400)
+    path = tmp_path / "s"
+    with Store.open(path, create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs[:200]))
+        store.query(signature=sigs[0])  # the cache is built
+        with store.write() as writer:
+            record = writer.txn.get(codec.encode_id(7), db=store._docs_db)
+            writer.txn.put(codec.encode_id(2**40 + 7), record, db=store._docs_db)
+        assert keys_of(store.query(signature=sigs[3])) == ["d3"]  # caught up with it
+        repair_in_another_process(path)
+        store.add_signatures(items("new", sigs[200:], start=200))
+        answers = assert_same_answers(store, near_copies(rng, sigs[150:]))
+        assert match_count(answers[50:]) >= 180  # the new documents are found
+        assert keys_of(answers[100]) == ["new250"]
+
+
+def remove_newest_and_damage_next_doc_id(store: Store, sigs: Sigs) -> None:
+    """d0..d199, then t200..t299 (ids 200-299) removed and purged, with the cache caught
+    up throughout; then ``next_doc_id`` damaged (-1), which a repair can only restore to
+    200, past the stored ids: ids 200-299 are handed out again."""
+    store.add_signatures(items("d", sigs[:200]))
+    store.add_signatures(items("t", sigs[200:300], start=200))
+    store.query(signature=sigs[0])
+    store.remove_many([f"t{i}" for i in range(200, 300)])
+    store.purge()
+    store.query(signature=sigs[0])
+    with store.write() as writer:
+        writer.txn.put(b"next_doc_id", codec.pack_meta(-1), db=store._meta_db)
+
+
+@pytest.mark.parametrize("query_between", [False, True], ids=["no-query", "query-between"])
+def test_ids_handed_out_again_after_another_process_s_repair_are_read_by_the_cache(
+    tmp_path: Path, query_between: bool
+) -> None:
+    """Case B of review 33, finding 2: the new documents take ids 200-299, which the
+    cache believed it had read (it holds the removed t-documents under them). It sees
+    ``next_doc_id`` below its ``next_id`` (a query between the repair and the adds) or
+    another record under the newest id it read (no query between), and starts over."""
+    rng = np.random.default_rng(44)
+    sigs = random_sigs(rng, 400)
+    path = tmp_path / "s"
+    with Store.open(path, create=True, band_cache=True, **PARAMS) as store:
+        remove_newest_and_damage_next_doc_id(store, sigs)
+        repair_in_another_process(path)
+        if query_between:
+            assert keys_of(store.query(signature=sigs[10])) == ["d10"]
+        store.add_signatures(items("new", sigs[300:], start=300))
+        with store.read() as txn:
+            assert codec.decode_id(txn._lookup("new300")[0]) == 200  # an id handed out again
+        answers = assert_same_answers(store, near_copies(rng, sigs))
+        assert match_count(answers[:200]) >= 180 and match_count(answers[200:300]) == 0
+        assert match_count(answers[300:]) >= 90
+        assert store._band_cache is not None and store._band_cache.entries == 9 * 300
+
+
+def test_a_repair_in_this_process_starts_a_new_cache(tmp_path: Path) -> None:
+    """After this process's repair, ids 200-299 are handed out again and the newest of
+    them removed and purged before the next query: nothing in the records tells the
+    cache, so the repair itself replaces it."""
+    rng = np.random.default_rng(45)
+    sigs = random_sigs(rng, 400)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        remove_newest_and_damage_next_doc_id(store, sigs)
+        old = store._band_cache
+        report = store.check(repair=True)
+        assert report.ok and report.repaired
+        assert isinstance(store._band_cache, BandCache) and store._band_cache is not old
+        store.add_signatures(items("new", sigs[300:], start=300))
+        store.remove("new399")  # id 299, the newest the old cache read
+        store.purge()
+        answers = assert_same_answers(store, near_copies(rng, sigs))
+        assert match_count(answers[300:399]) >= 90 and answers[399] == []
+
+
+def test_removed_entries_never_outnumber_the_live_ones_under_replacements(
+    tmp_path: Path,
+) -> None:
+    """Every document replaced at each commit: the catch-up that would leave removed
+    documents' entries outnumbering the live ones builds new tables instead. Decided
+    before adding the replacements, the rule let them reach twice the live ones (review
+    33, finding 4)."""
+    rng = np.random.default_rng(46)
+    count = 3000
+    sigs = random_sigs(rng, count)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        store.add_signatures(items("d", sigs))
+        store.query(signature=sigs[0])
+        cache = store._band_cache
+        assert cache is not None
+        removed = []
+        for _ in range(5):
+            sigs = random_sigs(rng, count)
+            store.add_signatures(items("d", sigs), replace=True)
+            assert keys_of(store.query(signature=sigs[9])) == ["d9"]
+            removed.append(cache.entries - 9 * count)
+            assert removed[-1] <= 9 * count + 9 * 256  # (a small store's slack)
+            assert cache.nbytes <= 500 * count
+        assert removed == [9 * count, 0] * 2 + [9 * count]
+        answers = assert_same_answers(store, near_copies(rng, sigs[:300]))
+        assert match_count(answers) >= 270
+
+
 # -- older formats ---------------------------------------------------------------------------------
 
 

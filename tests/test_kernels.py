@@ -159,3 +159,44 @@ def test_signing_works_where_numba_has_nowhere_to_cache() -> None:
     assert uncached.returncode == 0, uncached.stderr
     expected = MinHasher().signature("a few words to sign").tobytes().hex()
     assert uncached.stdout.strip() == expected
+
+
+_INTERRUPTED_IMPORT = """
+import sys
+
+
+class Interrupt:
+    fired = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "numba.core.typing" and not Interrupt.fired:  # well inside `import numba`
+            Interrupt.fired = True
+            raise KeyboardInterrupt
+        return None
+
+
+sys.meta_path.insert(0, Interrupt())
+from neardup_store import MinHasher
+
+hasher = MinHasher()
+try:
+    hasher.signature("a first document to sign")
+except KeyboardInterrupt:
+    print("interrupted")
+assert Interrupt.fired
+print(hasher.signature("a first document to sign").tolist() == hasher.signature(
+    "a first document to sign"
+).tolist())
+"""
+
+
+def test_a_ctrl_c_while_numba_imports_leaves_signing_working() -> None:
+    """A Ctrl-C during the first signing (or cached query) of a process, while numba
+    imports, left numba half made in sys.modules: every later call raised a raw
+    AttributeError until the process restarted (review 33). A fresh interpreter, as numba
+    is imported once per process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["interrupted", "True"]

@@ -2885,6 +2885,11 @@ for read_only in (True, False):
         Store.open(owner_only, read_only=read_only).close()
     except StorePermissionError as err:
         seen[f"refused read_only={{read_only}}"] = str(err)
+for name, options in (("private", {{}}), ("not-mine/new", {{"create": True}})):
+    try:
+        Store.open(os.path.join(os.path.dirname(team), name), **options).close()
+    except StorePermissionError as err:
+        seen[name] = str(err)
 print(json.dumps(seen), flush=True)
 sys.argv = ["neardup-admin", "info", owner_only]
 main()
@@ -2909,9 +2914,14 @@ def test_a_group_uses_a_store_made_for_it_and_others_get_a_permission_error(
 ) -> None:
     """`init --mode 750` was said to let the group read a store, but opening one, even
     read-only, writes LMDB's lock file: a group member was told the store was "not a
-    neardup_store store" (read-only) or got a raw PermissionError (review 32). 770 under
-    umask 002 lets the group in; without write access the error says what is needed."""
+    neardup_store store" (read-only) or got a raw PermissionError (review 32), as did
+    another user opening an owner-only store or creating one where they may not write
+    (review 34). 770 under umask 002 lets the group in; otherwise the error says what is
+    needed."""
     team, owner_only = shared_directory / "team", shared_directory / "owner-only"
+    private = shared_directory / "private"  # the default mode: owner-only
+    Store.open(private, create=True, num_perm=16, bands=4, rows=4).close()
+    (shared_directory / "not-mine").mkdir(mode=0o755)
     for path, mode, umask in ((team, 0o770, 0o002), (owner_only, 0o750, 0o022)):
         old = os.umask(umask)
         try:
@@ -2928,6 +2938,9 @@ def test_a_group_uses_a_store_made_for_it_and_others_get_a_permission_error(
     for read_only in (True, False):
         message = seen[f"refused read_only={read_only}"]
         assert "permission denied" in message and "write access to lock.mdb" in message
+    # review 34: these were a raw PermissionError
+    assert f"({private}/data.mdb: Permission denied)" in seen["private"]
+    assert "not-mine/new: Permission denied)" in seen["not-mine/new"]
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"Error: {owner_only}: permission denied") and "0o770" in line
