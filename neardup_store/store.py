@@ -287,7 +287,7 @@ class Store:
         (:mod:`.band_cache`), built from the records at the first query and kept in step
         with later commits: each query's candidates then take one compiled call instead
         of a B-tree descent per band. It costs 21-27 bytes per band per document in
-        this process (16 a slot, the tables 60-80 % full), up to twice that while
+        this process (16 a slot, the tables 60-80 % full), up to 2.5 times that while
         entries of removed documents are kept (until they would outnumber the live
         ones), and the first query reads every record.
 

@@ -687,6 +687,8 @@ with Store.open(sys.argv[1], create=True, band_cache=True, durable=False, **PARA
             loops.insert = insert
         assert [m.key for m in store.query(signature=sigs[lo])] == [f"d{lo}"]  # completed
         _, tables = store._band_cache._state
+        # the retried catch-up added no entry twice (review 35: each interrupt added more)
+        assert tables.entries == 9 * len(store), (tables.entries, 9 * len(store))
         print(band, "counted", tables.used.tolist(), "held", occupied(tables), flush=True)
     store.add_signatures([(f"d{i}", s) for i, s in enumerate(sigs[3900:], 3900)])
     cached, direct = answers(store, sigs[::7])  # the catch-up grows the tables
@@ -704,8 +706,9 @@ def test_an_interrupt_as_an_insert_returns_leaves_no_slot_uncounted(tmp_path: Pa
     call returns. The counts of slots and entries are updated inside the insert, so the
     interrupted catch-up leaves them right; counted in Python after it, they fell short
     of the slots the table held, and the next growth copied every entry into a buffer
-    sized by them, past its end: heap corruption (review 33, finding 1). Run in another
-    process, so that a corruption fails this test instead of aborting pytest."""
+    sized by them, past its end: heap corruption (review 33, finding 1). The retried
+    catch-up adds nothing twice (review 35). Run in another process, so that a
+    corruption fails this test instead of aborting pytest."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", INTERRUPTED_CHILD, str(tmp_path / "s")],
@@ -722,6 +725,25 @@ def test_an_interrupt_as_an_insert_returns_leaves_no_slot_uncounted(tmp_path: Pa
         counted, held = line.split("counted ")[1].split(" held ")
         assert counted == held, line
     assert not lines[9].startswith("grown to 5001")  # the last catch-up grew the tables
+
+
+def test_a_retried_catch_up_adds_no_entry_twice() -> None:
+    """A catch-up interrupted after some bands' inserts reads the same records again.
+    An entry was skipped only if newest in its bucket, so two new documents sharing a
+    bucket were both added again at each retry (review 35)."""
+    from neardup_store.band_cache import _Tables
+
+    key = np.uint64(0x9E3779B97F4A7C15)
+    keys = np.array([[key], [key], [key + np.uint64(1)]], dtype=np.uint64)
+    tags = np.array([1, 2, 3], dtype=np.uint64)
+    tables = _Tables(1).with_documents(keys, tags)
+    used = int(tables.used[0])
+    for _ in range(3):
+        assert tables.add(0, keys[:, 0], tags) == 3
+        assert (tables.entries, int(tables.used[0])) == (3, used)
+    later = np.array([4, 5], dtype=np.uint64)  # new documents: added
+    assert tables.add(0, np.array([key, key], dtype=np.uint64), later) == 2
+    assert tables.entries == 5
 
 
 def test_copying_a_band_writes_no_further_than_the_buffers_it_is_given() -> None:
