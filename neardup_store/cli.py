@@ -1525,7 +1525,7 @@ _master_option = click.option(
     "--master",
     default="local[*]",
     show_default=True,
-    help="Spark master: local[N], spark://host:7077, yarn, k8s://...",
+    help="Spark master: local, local[N], local[*], spark://host:7077, yarn, k8s://...",
 )
 _conf_option = click.option(
     "--conf",
@@ -1569,9 +1569,13 @@ def spark_dedup(
     """Deduplicate JSON-lines files on Spark: signatures, pairs, clusters, kept lines.
 
     Writes to --out: signatures (parquet), pairs, clusters and failed inputs (JSON
-    lines), kept (the input lines kept: one per cluster, its earliest, and every
-    unclustered one), params.json and summary.json. Exits 1 if some lines could not
-    be used (see failed/). Needs the spark extra: pip install 'neardup_store[spark]'.
+    lines), kept (the input lines `dedup` keeps: each line unless a near-duplicate of
+    it was kept before it, so a cluster can keep more than one), dropped (the others
+    as `dedup --dropped` writes them, with "duplicate_of" and "score"), params.json and
+    summary.json. Exits 1 if some lines could not be used (see failed/); 2, before
+    the job, if an input or --out cannot be reached (a URI --out must be new or
+    empty, as a directory must). Needs the spark extra: pip install
+    'neardup_store[spark]'.
 
     \b
     Example:

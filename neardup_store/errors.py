@@ -552,3 +552,14 @@ class SparkUnavailableError(NeardupError, RuntimeError):
     def __init__(self, missing: str, detail: str, hint: str) -> None:
         super().__init__(f"Spark is unavailable: {detail}; {hint}")
         self.missing, self.detail, self.hint = missing, detail, hint
+
+
+class SparkJobError(NeardupError, RuntimeError):
+    """Spark or Hadoop refused part of a job that is no bug of ours: the session did not
+    start, an input could not be listed or read, or an output could not be checked or
+    written. ``what`` names that part, ``detail`` is the first line of Spark's or the
+    Java exception's message, ``advice`` what to do."""
+
+    def __init__(self, what: str, detail: str, advice: str) -> None:
+        super().__init__(f"{what}: {detail}; {advice}")
+        self.what, self.detail, self.advice = what, detail, advice

@@ -30,6 +30,7 @@ from neardup_store.demo import make_corpus
 from neardup_store.errors import (
     DuplicateKeyError,
     InvalidParameterError,
+    SparkJobError,
     SparkUnavailableError,
 )
 from neardup_store.lsh import band_keys, candidate_pairs
@@ -221,16 +222,116 @@ def test_clusters_equal_the_local_stores(dedup_out: Any, corpus: dict[str, Any])
     assert report.clusters == len(corpus["clusters"])
 
 
-def test_kept_lines_keep_one_per_cluster_and_every_unclustered_line(
-    dedup_out: Any, corpus: dict[str, Any]
+def _parts(directory: Path) -> bytes:
+    """A text output's part files, joined in order."""
+    return b"".join(part.read_bytes() for part in sorted(directory.glob("part-*")))
+
+
+def _local_dedup(source: Path, directory: Path, params: StoreParams) -> tuple[bytes, bytes]:
+    """What ``neardup-admin dedup`` writes to --keep and --dropped for ``source``, into
+    a new store of ``params``."""
+    keep, dropped = directory / "kept.jsonl", directory / "dropped.jsonl"
+    with _open_local(directory / "local.ndx", params, create=True) as store:
+        ingest.dedup(store, source, keep, dropped)
+    return keep.read_bytes(), dropped.read_bytes()
+
+
+def test_kept_and_dropped_lines_are_what_dedup_writes(
+    dedup_out: Any, corpus: dict[str, Any], tmp_path: Path
 ) -> None:
     out, report = dedup_out
-    kept = [line for part in sorted((out / "kept").glob("part-*")) for line in
-            part.read_text().splitlines()]  # fmt: skip
-    dropped = {m for c in corpus["clusters"] for m in c[1:]}
-    expected = [line for line, obj in _usable(corpus["lines"]) if obj["id"] not in dropped]
-    assert kept == expected  # verbatim input lines, in input order
-    assert report.kept == len(expected) and report.dropped == len(dropped)
+    kept, dropped = _local_dedup(corpus["source"], tmp_path, corpus["params"])
+    assert _parts(out / "kept") == kept  # verbatim input lines, in input order
+    assert _parts(out / "dropped") == dropped  # with duplicate_of and score, as dedup's
+    assert report.kept == kept.count(b"\n") and report.dropped == dropped.count(b"\n") > 10
+
+
+def _chains(rng: random.Random, count: int, length: int = 4) -> list[list[str]]:
+    """Texts in chains: each a copy of the one before with 8 of its 100 words changed,
+    so neighbours are near-duplicates at 0.7 and most texts two steps apart are not."""
+    chains = []
+    for _ in range(count):
+        words = [f"w{rng.randrange(5000)}" for _ in range(100)]
+        chain = [" ".join(words)]
+        for _ in range(length - 1):
+            for i in rng.sample(range(100), 8):
+                words[i] = f"v{rng.randrange(5000)}"
+            chain.append(" ".join(words))
+        chains.append(chain)
+    return chains
+
+
+def test_a_chain_keeps_what_dedup_keeps(spark: Any, tmp_path: Path) -> None:
+    """On a chain A~B~C whose ends are not near-duplicates, dedup keeps A and C (C's
+    only near-duplicate, B, was dropped); spark-dedup kept one document per connected
+    component, A alone (a review's finding). kept/ and dropped/ now equal dedup's,
+    duplicate_of and score included, with chains given forwards and backwards."""
+    rng = random.Random(36)
+    lines = []
+    for n, chain in enumerate(_chains(rng, 14)):
+        ordered = chain if n % 2 else chain[::-1]
+        for step, text in enumerate(ordered):
+            record = {"id": f"c{n}-{step}", "text": text}
+            if step == 1:
+                record["source"] = f"crawl-{n}"
+            lines.append(json.dumps(record))
+        lines.append(json.dumps({"id": f"alone-{n}", "text": " ".join(_chains(rng, 1)[0][:1])}))
+    lines.insert(9, '{"id": "broken", ')
+    source = tmp_path / "chains.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    params = _store_params()
+    report = nds.run_dedup(spark, [str(source)], tmp_path / "out", params)
+    kept, dropped = _local_dedup(source, tmp_path, params)
+    assert _parts(tmp_path / "out" / "kept") == kept
+    assert _parts(tmp_path / "out" / "dropped") == dropped
+    # The corpus has what the finding needs: clusters where dedup keeps more than one.
+    kept_ids = {json.loads(line)["id"] for line in kept.splitlines()}
+    clusters: dict[str, set[str]] = {}
+    for row in _json_parts(tmp_path / "out" / "clusters"):
+        clusters.setdefault(row["representative"], set()).add(row["id"])
+    assert sum(len(members & kept_ids) > 1 for members in clusters.values()) >= 3
+    assert report.kept == len(kept_ids) > 14 + report.clusters
+    assert report.dropped == dropped.count(b"\n")
+
+
+def test_dedup_rule_keeps_the_earlier_kept_partner_with_the_best_score() -> None:
+    """drop_in_order on pairs made by hand: the rule of dedup, member by member."""
+    from neardup_store.spark.pipeline import drop_in_order
+
+    def run(pairs: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+        first, second, score = (np.array(column) for column in zip(*pairs, strict=True))
+        return list(zip(*drop_in_order(first, second, score), strict=True))
+
+    # A chain 0~1~2~3: 1 goes (0 is kept), 2 stays (1 was not kept), 3 goes, as 2's.
+    assert run([(0, 1, 0.9), (1, 2, 0.8), (2, 3, 0.75)]) == [(1, 0, 0.9), (3, 2, 0.75)]
+    # 4 pairs with kept 0 and 2: the better score wins, then the earlier member.
+    assert run([(0, 4, 0.8), (2, 4, 0.85), (1, 3, 0.9)]) == [(3, 1, 0.9), (4, 2, 0.85)]
+    assert run([(0, 4, 0.8), (2, 4, 0.8), (0, 9, 0.7)]) == [(4, 0, 0.8), (9, 0, 0.7)]
+    # A chain of 20,000 (each member paired with the one before) keeps every other one.
+    n = 20_000
+    chain = run([(i, i + 1, 0.8) for i in range(n - 1)])
+    assert chain == [(i, i - 1, 0.8) for i in range(1, n, 2)]
+
+
+def test_a_large_cluster_is_decided_as_one_group(spark: Any) -> None:
+    """A boilerplate cluster of 3,000 members, its pairs (5,997) sent to the Python
+    worker in many Arrow batches, is decided whole: one group, as dedup decides it."""
+    n = 3000
+    pairs = [(0, i, 0.9) for i in range(1, n)] + [(i, i + 1, 0.95) for i in range(1, n - 1)]
+    frame = spark.createDataFrame(pairs, nds.pipeline.PAIR_SCHEMA)
+    members = nds.components(frame).members
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "500")
+    try:
+        got = sorted(tuple(row) for row in nds.pipeline.dropped_in_order(frame, members).collect())
+    finally:
+        spark.conf.set(key, before)
+    first, second, score = (np.array(column) for column in zip(*pairs, strict=True))
+    want = list(zip(*nds.pipeline.drop_in_order(first, second, score), strict=True))
+    # Every member pairs with 0, kept first: split, a later batch kept those it saw
+    # paired only with their (dropped) predecessor.
+    assert got == want == [(i, 0, 0.9) for i in range(1, n)]
 
 
 def test_unusable_lines_are_reported_as_locally(dedup_out: Any, corpus: dict[str, Any]) -> None:
@@ -325,6 +426,27 @@ def test_an_output_named_by_a_file_uri_is_checked_as_a_path(spark: Any, tmp_path
     (tmp_path / "cut" / "params.json").write_text('{"config": \n')
     with pytest.raises(InvalidParameterError, match="does not read as one"):
         nds.read_params(tmp_path / "cut")
+
+
+def test_an_output_whose_path_needs_quoting_in_a_uri_is_written_and_loaded_there(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The output's tables went to a sibling directory named with percent escapes
+    (``out%20dir%20%C3%A9``), as Path.as_uri quotes and Hadoop does not unquote, while
+    params.json went to the directory named; spark-load then refused it (review 36)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        '{"id": "a", "text": "a document to sign on spark, with words enough"}\n'
+        '{"id": "b", "text": "another document to sign on spark, with other words"}\n'
+    )
+    out = tmp_path / "out dir é %41 #[1]"
+    nds.run_dedup(spark, [str(source)], str(out), _store_params())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", out.name]
+    assert {"signatures", "kept", "params.json"} <= {p.name for p in out.iterdir()}
+    report = nds.load_output(spark, str(out), tmp_path / "s.ndx")
+    assert report.documents == 2
+    with Store.open(tmp_path / "s.ndx", read_only=True) as store:
+        assert sorted(store) == ["a", "b"]
 
 
 # -- bulk load ----------------------------------------------------------------------------------
@@ -805,3 +927,160 @@ def test_a_java_launcher_script_is_followed_to_its_java_home(
     shim.write_text("#!/bin/sh\necho 'openjdk version \"17.0.9\" 2023-10-17' >&2\n")
     with pytest.raises(SparkUnavailableError, match="set JAVA_HOME to that JDK"):
         runtime.find_java()
+
+
+# -- Spark's and Hadoop's refusals as one Error line ---------------------------------------------
+
+
+def test_a_bad_master_is_refused_before_a_jvm_starts(tmp_path: Path) -> None:
+    """A master Spark cannot parse ended in a Java stack trace, then a Python one
+    (JAVA_GATEWAY_EXITED), exit 1 (a review's finding)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "text": "some text here"}\n')
+    for good in ("local", "local[2]", "local[*]", "local[4, 2]", "spark://h:7077", "yarn",
+                 "k8s://https://h:6443", "local-cluster[2,1,1024]"):  # fmt: skip
+        runtime.check_master(good)
+    result = CliRunner().invoke(
+        cli, ["spark-dedup", str(source), "--out", str(tmp_path / "o"), "--master", "bogus://x"]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        "Error: master='bogus://x' is not valid: expected local, local[N], local[*], "
+        "local[N,F], spark://HOST:PORT, yarn or k8s://HOST:PORT"
+    ]
+    assert not (tmp_path / "o").exists()
+
+
+def _jobs_run(spark: Any, action: Any) -> list[int]:
+    """The Spark jobs ``action()`` started (in this thread)."""
+    context = spark.sparkContext
+    context.setJobGroup("counted", "jobs of one test action")
+    try:
+        action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return list(context.statusTracker().getJobIdsForGroup("counted"))
+
+
+def test_unreachable_inputs_and_outputs_are_one_error_line_before_the_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An input URI its file system rejects, an --out whose file system has no
+    connector here (found only when writing, after the whole job), an output to load
+    from that cannot be read: Java and Python tracebacks with exit 1 (a review's
+    finding). Now one Error line, exit 2, naming the Java exception; before any job."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "text": "some text here"}\n')
+    commands = {
+        "input": ["spark-dedup", "hdfs:///nope/x.jsonl", "--out", str(tmp_path / "o")],
+        "out": ["spark-dedup", str(source), "--out", "s3a://bucket/out"],
+        "load": ["spark-load", "hdfs:///nope/out", str(tmp_path / "s.ndx")],
+    }
+    runs: dict[str, Any] = {}
+    jobs: dict[str, list[int]] = {}
+    for name, command in commands.items():
+
+        def invoke(command: list[str] = command, name: str = name) -> None:
+            runs[name] = CliRunner().invoke(cli, command)
+
+        jobs[name] = _jobs_run(spark, invoke)
+    for name, result in runs.items():
+        assert result.exit_code == 2, (name, result.output, result.exception)
+        (line,) = result.output.splitlines()
+        assert line.startswith("Error: ") and "Traceback" not in result.output
+    assert runs["input"].output.startswith(
+        "Error: input 'hdfs:///nope/x.jsonl' cannot be read: IOException: Incomplete HDFS URI,"
+        " no host: hdfs:///nope/x.jsonl; check the URI"
+    )
+    assert runs["out"].output.startswith(
+        "Error: output 's3a://bucket/out' cannot be reached: ClassNotFoundException: Class "
+        "org.apache.hadoop.fs.s3a.S3AFileSystem not found; check the URI"
+    )
+    assert "hadoop-aws" in runs["out"].output
+    assert runs["load"].output.startswith(
+        "Error: spark-dedup output 'hdfs:///nope/out' cannot be read: IOException: Incomplete"
+    )
+    assert jobs == {"input": [], "out": [], "load": []}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_an_output_uri_is_checked_and_made_through_its_file_system(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URI --out that exists and is not empty was not checked: the job ran whole, then
+    wrote beside what was there (or failed in Spark's "path already exists"). Its Hadoop
+    file system now refuses it before any job, as a local directory is refused. (file:
+    URIs are local paths to run_dedup; here they go the way an hdfs: URI goes.)"""
+    monkeypatch.setattr(nds.job, "_local_path", lambda out: out)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "text": "some text here"}\n')
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "old.txt").write_text("earlier output")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+
+    def refused(out: Path) -> None:
+        with pytest.raises(InvalidParameterError, match="new or empty directory") as caught:
+            nds.run_dedup(spark, [str(source)], out.as_uri(), _store_params())
+        assert caught.value.value == out.as_uri()
+
+    assert _jobs_run(spark, lambda: refused(taken)) == []
+    assert _jobs_run(spark, lambda: refused(a_file)) == []
+    assert sorted(p.name for p in taken.iterdir()) == ["old.txt"]
+    new = tmp_path / "new" / "out"
+    report = nds.run_dedup(spark, [str(source)], new.as_uri(), _store_params())
+    assert report.documents == report.kept == 1 and (new / "kept" / "_SUCCESS").exists()
+
+
+def test_only_spark_refusals_become_spark_job_errors(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conversion covers the file system and the session start-up; a failure of our
+    Python code on the executors (a bug) keeps its own exception and traceback, and so
+    does any other Java failure outside start-up."""
+    from pyspark.errors import AnalysisException, PySparkRuntimeError, PythonException
+    from pyspark.sql import SparkSession
+
+    context = spark.sparkContext
+    hdfs = context._jvm.org.apache.hadoop.fs.Path("hdfs:///x")
+    with (
+        pytest.raises(SparkJobError, match="IOException: Incomplete HDFS URI") as caught,
+        runtime.spark_failures("reading", "advice"),
+    ):
+        hdfs.getFileSystem(context._jsc.hadoopConfiguration())
+    assert (caught.value.what, caught.value.advice) == ("reading", "advice")
+
+    def bug(batches: Any) -> Any:
+        raise OSError("a bug of ours on an executor")
+        yield  # a generator, as mapInArrow wants
+
+    with (
+        pytest.raises(PythonException, match="a bug of ours"),
+        runtime.spark_failures("writing", "advice"),
+    ):
+        spark.range(3).mapInArrow(bug, "id long").collect()
+    with (
+        pytest.raises(Exception, match="DIVIDE_BY_ZERO") as other,
+        runtime.spark_failures("writing", "advice"),
+    ):
+        spark.sql("SELECT 1 / 0 AS x").collect()
+    assert not isinstance(other.value, SparkJobError)
+    with (
+        pytest.raises(AnalysisException, match="UNRESOLVED_COLUMN"),
+        runtime.spark_failures("writing", "advice"),
+    ):
+        spark.range(3).select("no_such_column")
+    with (
+        pytest.raises(SparkJobError, match=r"AnalysisException: \[PATH_NOT_FOUND\]"),
+        runtime.spark_failures("reading", "advice"),
+    ):
+        spark.read.parquet((tmp_path / "none").as_uri())
+
+    def gateway_gone(self: Any) -> Any:
+        raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", gateway_gone)
+    with pytest.raises(SparkJobError, match=r"\[JAVA_GATEWAY_EXITED\] Java gateway") as gone:
+        nds.spark_session("local[1]")
+    assert str(gone.value).startswith("Spark did not start on master 'local[1]': ")

@@ -9,7 +9,13 @@ files, one per partition):
 ``signatures/``    parquet: ``ordinal, id, signature`` (uint32 LE), ``metadata`` (msgpack)
 ``pairs/``         JSON lines: ``first, second`` (ids, first is the earlier), ``score``
 ``clusters/``      JSON lines: ``id, representative`` for every member of a cluster
-``kept/``          text: the input lines kept, one per cluster plus every unclustered one
+``kept/``          text: the input lines ``neardup-admin dedup`` keeps, in input order:
+                   each document unless a near-duplicate of it was kept before it (so
+                   every unclustered one, and one or more of each cluster)
+``dropped/``       JSON lines: the other documents as ``dedup --dropped`` writes them,
+                   in input order: the line's object plus ``duplicate_of`` (the id of
+                   the best kept near-duplicate before it, printed as the CLI prints
+                   keys) and ``score``
 ``failed/``        JSON lines: ``ordinal``, ``error``, ``file`` (URI) and ``line_number`` of
                    unusable input lines
 ``summary.json``   counts and the seconds spent in each stage
@@ -26,19 +32,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 
 from .. import codec
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, SparkJobError
 from ..lsh import KEY_SCHEMES, LSHParams
 from ..minhash import MinHashConfig
 from ..params import StoreParams
 from ..store import Store, batches, check_batch_size
 from . import pipeline
+from .runtime import spark_failures
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 PARAMS_FILE = "params.json"
@@ -70,7 +77,8 @@ def params_from_dict(data: dict[str, Any]) -> StoreParams:
 @dataclass(frozen=True)
 class DedupReport:
     """What :func:`run_dedup` found and wrote, and where the time went (seconds per stage:
-    ``sign``, ``pairs``, ``components``, ``write``)."""
+    ``sign``, ``pairs``, ``components`` (with what to keep), ``write``). ``kept`` and
+    ``dropped`` count documents as ``neardup-admin dedup`` would keep and drop them."""
 
     out: str
     documents: int
@@ -133,6 +141,8 @@ def run_dedup(
 
     Raises:
         InvalidParameterError: ``out`` is not empty, or a parameter is out of range.
+        SparkJobError: an input or ``out`` cannot be reached or read (its file system
+            refuses, or has no connector here), or an output cannot be written.
     """
     # Checked before anything is made: Spark would fail late, with a traceback.
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
@@ -148,7 +158,9 @@ def run_dedup(
     if "://" not in str(out):
         _check_empty("out", out_path)
         _make_directory("out", out_path)
-    uri = str(out) if "://" in str(out) else out_path.resolve().as_uri()
+    else:
+        _check_empty_uri(spark, str(out))
+    uri = str(out) if "://" in str(out) else _file_uri(out_path)
     seconds: dict[str, float] = {}
     lines = pipeline.read_listed(spark, listed)
     if partitions:
@@ -169,19 +181,23 @@ def run_dedup(
         seconds, "pairs", lambda: (pairs.count(), found.large_buckets.count())
     )
 
-    def clustering() -> tuple[pipeline.Components, DataFrame, int, int]:
+    def clustering() -> tuple[pipeline.Components, DataFrame, DataFrame, int, int, int]:
         comps = pipeline.components(pairs)
         members = comps.members.persist()
         clustered = members.count()
-        return comps, members, clustered, members.filter("ordinal = representative").count()
+        n_clusters = members.filter("ordinal = representative").count()
+        dropped = pipeline.dropped_in_order(pairs, members).persist()
+        return comps, members, dropped, clustered, n_clusters, dropped.count()
 
-    comps, members, clustered, n_clusters = _timed(seconds, "components", clustering)
+    comps, members, dropped_docs, clustered, n_clusters, dropped = _timed(
+        seconds, "components", clustering
+    )
 
     def write() -> None:
-        _write_outputs(uri, params, count, lines, docs, signed, pairs, members)
+        written = _Written(lines, docs, signed, pairs, members, dropped_docs)
+        _write_outputs(uri, params, count, written, id_field, text_field)
 
     _timed(seconds, "write", write)
-    dropped = clustered - n_clusters
     report = DedupReport(
         out=str(out),
         documents=count,
@@ -198,7 +214,7 @@ def run_dedup(
     )
     if "://" not in str(out):
         (out_path / SUMMARY_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
-    for frame in (members, pairs, signed, lines):
+    for frame in (dropped_docs, members, pairs, signed, lines):
         frame.unpersist()
     return report
 
@@ -207,6 +223,35 @@ def _local_path(out: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """A ``file:`` URI as the local path it names, which is then checked and made like
     one (as a URI it was written into whatever was there, and not made when missing)."""
     return pipeline.local_path(out)
+
+
+OUT_ADVICE = (
+    "check the URI and that its file system can be reached from here with this Spark (a "
+    "scheme such as s3a: needs its connector, e.g. hadoop-aws, on Spark's class path)"
+)
+
+
+WRITE_ADVICE = (
+    "check that it can be written (permissions, room), then run spark-dedup again into a "
+    "new or empty directory"
+)
+
+
+def _check_empty_uri(spark: SparkSession, uri: str) -> None:
+    """A URI ``out`` checked and made as a local one is (:func:`_check_empty`,
+    :func:`_make_directory`), through its Hadoop file system, before any work: Spark
+    would refuse it only when writing, after the whole job, with a traceback."""
+    context = spark.sparkContext
+    with spark_failures(f"output {uri!r} cannot be reached", OUT_ADVICE):
+        path = context._jvm.org.apache.hadoop.fs.Path(uri)
+        system = path.getFileSystem(context._jsc.hadoopConfiguration())
+        if system.exists(path):
+            if not system.getFileStatus(path).isDirectory() or len(system.listStatus(path)):
+                raise InvalidParameterError("out", uri, "a new or empty directory")
+        elif not system.mkdirs(path):
+            raise SparkJobError(
+                f"output {uri!r} cannot be made", "its file system refused", OUT_ADVICE
+            )
 
 
 def _check_unique_ids(docs: DataFrame) -> None:
@@ -222,18 +267,34 @@ def _check_unique_ids(docs: DataFrame) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Written:
+    """The frames :func:`_write_outputs` writes from."""
+
+    lines: DataFrame
+    docs: DataFrame
+    signed: DataFrame
+    pairs: DataFrame
+    members: DataFrame
+    dropped: DataFrame
+
+
 def _write_outputs(
-    uri: str,
-    params: StoreParams,
-    count: int,
-    lines: DataFrame,
-    docs: DataFrame,
-    signed: DataFrame,
-    pairs: DataFrame,
-    members: DataFrame,
+    uri: str, params: StoreParams, count: int, frames: _Written, id_field: str, text_field: str
+) -> None:
+    """Write every output but ``summary.json``; a file system refusing a write is a
+    :class:`SparkJobError` (a failure of our code on the executors keeps its traceback)."""
+    with spark_failures(f"output {uri!r} cannot be written", WRITE_ADVICE):
+        _write_tables(uri, params, count, frames, id_field, text_field)
+
+
+def _write_tables(
+    uri: str, params: StoreParams, count: int, frames: _Written, id_field: str, text_field: str
 ) -> None:
     from pyspark.sql import functions as sf
 
+    lines, docs, signed = frames.lines, frames.docs, frames.signed
+    pairs, members = frames.pairs, frames.members
     base = uri.rstrip("/")
     docs.select("ordinal", "id", "signature", "metadata").write.parquet(f"{base}/signatures")
     ids = docs.select("ordinal", "id")
@@ -246,27 +307,72 @@ def _write_outputs(
     members.join(ids, "ordinal").join(rep, "representative").select(
         "id", sf.col("rep_id").alias("representative")
     ).write.json(f"{base}/clusters")
-    dropped = members.filter(sf.col("ordinal") != sf.col("representative")).select("ordinal")
     failed = pipeline.failures(signed, lines)
-    kept = lines.join(dropped, "ordinal", "left_anti").join(
+    kept = lines.join(frames.dropped.select("ordinal"), "ordinal", "left_anti").join(
         failed.select("ordinal"), "ordinal", "left_anti"
     )
     # Blank as add and dedup see it: only white space (trim takes off spaces alone).
     kept = kept.filter(sf.col("line").rlike(r"\S"))
     kept.orderBy("ordinal").select("line").write.text(f"{base}/kept")
+    _dropped_lines(frames.dropped, lines, ids, id_field, text_field).write.text(f"{base}/dropped")
     failed.write.json(f"{base}/failed")
     # Last: an output with params.json is a whole one, and a run that fails before
     # writes nothing of it over an earlier output's. It also holds the count of
     # signatures, which load_output checks (a copy of the output can lose part files).
     written = {**params_to_dict(params), DOCUMENTS_KEY: count}
-    if base.startswith("file:"):
-        Path(unquote(urlparse(base).path), PARAMS_FILE).write_text(
+    if base.startswith(_FILE_SCHEME):
+        Path(base.removeprefix(_FILE_SCHEME), PARAMS_FILE).write_text(
             json.dumps(written, indent=2) + "\n"
         )
     else:  # a cluster file system: write through Spark
         spark = docs.sparkSession
         spark.createDataFrame([(json.dumps(written),)], "value string").coalesce(1).write.text(
             f"{base}/{PARAMS_FILE}"
+        )
+
+
+def _dropped_lines(
+    dropped: DataFrame, lines: DataFrame, ids: DataFrame, id_field: str, text_field: str
+) -> DataFrame:
+    """The lines of ``dedup --dropped`` for the dropped documents, in input order: each
+    one's JSON object with ``duplicate_of`` and ``score`` added, written as dedup writes
+    them (:func:`~neardup_store.ingest.json_text`; the id as
+    :func:`~neardup_store.ingest.key_text` prints it)."""
+    from pyspark.sql import functions as sf
+
+    kept_ids = ids.select(sf.col("ordinal").alias("duplicate_of"), sf.col("id").alias("kept"))
+    rows = dropped.join(lines.select("ordinal", "line"), "ordinal").join(kept_ids, "duplicate_of")
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _dropped_batches(batches, id_field, text_field)
+
+    written = rows.select("ordinal", "line", "kept", "score").mapInArrow(
+        run, "ordinal long, value string"
+    )
+    return written.orderBy("ordinal").select("value")
+
+
+def _dropped_batches(
+    batches: Iterator[pa.RecordBatch], id_field: str, text_field: str
+) -> Iterator[pa.RecordBatch]:
+    """Executor side of :func:`_dropped_lines`: parse each line as dedup does, add the
+    two fields, write it back as JSON text."""
+    import pyarrow as pa
+
+    from ..ingest import Failure, json_text, key_text, parse_line
+
+    for batch in batches:
+        values = []
+        raw_lines = batch.column(1).cast(pa.binary()).to_pylist()
+        kept, scores = batch.column(2).to_pylist(), batch.column(3).to_pylist()
+        for raw, key, score in zip(raw_lines, kept, scores, strict=True):
+            item = parse_line(raw + b"\n", "dropped", id_field, text_field)
+            if isinstance(item, Failure):  # it was signed, so it parsed: a bug
+                raise RuntimeError(f"a signed line no longer parses: {item.reason}")
+            added = {"duplicate_of": key_text(key), "score": round(float(score), 6)}
+            values.append(json_text({**item[1], **added}))
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(0), pa.array(values, pa.string())], names=["ordinal", "value"]
         )
 
 
@@ -431,21 +537,37 @@ def load_output(
             ``params.json`` and ``summary.json``.
     """
     out = _local_path(out)
+    unreadable = f"spark-dedup output {str(out)!r} cannot be read"
     if "://" in str(out):  # a cluster file system: params.json was written through Spark
-        text = "".join(row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect())
+        with spark_failures(unreadable, OUT_ADVICE):
+            text = "".join(
+                row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect()
+            )
         written, uri = json.loads(text), str(out).rstrip("/")
         params, counts = params_from_dict(written), [written.get(DOCUMENTS_KEY)]
     else:
-        params, uri = read_params(out), Path(out).resolve().as_uri()
+        params, uri = read_params(out), pipeline.literal(_file_uri(Path(out)))
         if not (Path(out) / "signatures" / "_SUCCESS").exists():
             raise InvalidParameterError(
                 "out", str(out), "a finished spark-dedup output (its signatures/ is missing"
                 " or incomplete: the run stopped before writing it; run it again)"
             )  # fmt: skip
         counts = _written_counts(Path(out))
-    docs = spark.read.parquet(f"{uri}/signatures")
-    _check_count(str(out), docs.count(), counts)
+    with spark_failures(unreadable, OUT_ADVICE):
+        docs = spark.read.parquet(f"{uri}/signatures")
+        found = docs.count()
+    _check_count(str(out), found, counts)
     return bulk_load(docs, path, params, batch_size=batch_size, progress=progress)
+
+
+_FILE_SCHEME = "file://"
+
+
+def _file_uri(path: Path) -> str:
+    """The ``file:`` URI Hadoop reads as ``path``: not percent-encoded, as
+    ``Path.as_uri`` would (Hadoop takes ``%20`` and ``%C3%A9`` literally and wrote a
+    sibling directory named so, review 36)."""
+    return _FILE_SCHEME + str(path.resolve())
 
 
 def _written_counts(out: Path) -> list[Any]:

@@ -5,8 +5,7 @@ Every document gets an ``ordinal``: its position in the input. For JSON lines
 directory's files by name, each file's lines in order; for a DataFrame (:func:`sign`),
 its partition-major row order unless it brings an ``ordinal`` column. Ordinals are
 the node ids of the pair graph, so the "first" of a pair and the representative of a
-cluster are the earliest documents, as in a store fed the same input in order (and in
-``neardup-admin dedup``, which keeps the first of each group).
+cluster are the earliest documents, as in a store fed the same input in order.
 
 Stages:
 
@@ -26,6 +25,12 @@ Stages:
    small-star rounds (Kiveris et al., "Connected Components in MapReduce and Beyond",
    2014) until the graph is a forest of stars whose centres are the components' earliest
    documents, the representatives.
+4. **Kept and dropped** (:func:`dropped_in_order`): what ``neardup-admin dedup`` keeps,
+   fed the same input in order: a document unless a near-duplicate of it was kept
+   before it. That is not one document per cluster: on a chain A~B~C whose ends are not
+   near-duplicates, A is kept, B dropped as A's duplicate, and C kept (its only
+   near-duplicate, B, was not kept). Only pairs inside a cluster can decide, so each
+   cluster is one group, walked in input order by one Python call over its pairs.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from ..errors import InvalidParameterError
 from ..lsh import LSHParams, band_keys
 from ..minhash import MinHashConfig, MinHasher
 from ..params import StoreParams
+from .runtime import spark_failures
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,6 +64,9 @@ SIGNED_SCHEMA = (
 """What the signing stage yields: a document with ``error`` null, or a failed input
 (``ordinal`` and ``error`` set, the rest null)."""
 PAIR_SCHEMA = "first long, second long, score double"
+DROPPED_SCHEMA = "ordinal long, duplicate_of long, score double"
+"""What :func:`dropped_in_order` yields: a dropped document, the kept one it duplicates
+and their score."""
 DEFAULT_MAX_BUCKET = 200
 """Buckets up to this size give all their pairs (at most 19,900 each); larger ones are
 paired star-wise through their earliest document."""
@@ -264,11 +273,12 @@ def read_listed(spark: Any, listed: list[list[str]]) -> DataFrame:
     lines = lines.withColumn("part", sf.spark_partition_id()).withColumn(
         "position", sf.monotonically_increasing_id()
     )
-    chunks = (
-        lines.groupBy("argument", "file", "part")
-        .agg(sf.min("position").alias("first"), sf.count("*").alias("rows"))
-        .collect()
-    )
+    with spark_failures("the inputs cannot be read", INPUT_ADVICE):  # the first read of them
+        chunks = (
+            lines.groupBy("argument", "file", "part")
+            .agg(sf.min("position").alias("first"), sf.count("*").alias("rows"))
+            .collect()
+        )
     bases = spark.createDataFrame(_chunk_bases(chunks), "file string, part int, base long")
     ordinal = sf.col("base") + sf.col("position")
     return lines.join(sf.broadcast(bases), ["file", "part"]).select(
@@ -323,24 +333,38 @@ def list_inputs(spark: Any, paths: list[str]) -> list[list[str]]:
 
 def _hadoop_files(spark: Any, uri: str) -> list[str]:
     """The files a URI (file, directory or glob) names on its Hadoop file system, the
-    directories' listed recursively."""
+    directories' listed recursively.
+
+    Raises:
+        InvalidParameterError: nothing is at the URI.
+        SparkJobError: its file system cannot be reached or refuses the listing (an
+            incomplete URI, an unknown host, no connector for its scheme, no permission).
+    """
     jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    found = system.globStatus(path)
-    if not found:
-        raise InvalidParameterError("input", uri, "an existing file or directory")
     files = []
-    for status in found:
-        if status.isDirectory():
-            listing = system.listFiles(status.getPath(), True)
-            while listing.hasNext():
-                file = str(listing.next().getPath().toString())
-                if not _hadoop_bookkeeping(_name(file)):
-                    files.append(file)
-        else:
-            files.append(str(status.getPath().toString()))
+    with spark_failures(f"input {uri!r} cannot be read", INPUT_ADVICE):
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        found = system.globStatus(path)
+        if not found:
+            raise InvalidParameterError("input", uri, "an existing file or directory")
+        for status in found:
+            if status.isDirectory():
+                listing = system.listFiles(status.getPath(), True)
+                while listing.hasNext():
+                    file = str(listing.next().getPath().toString())
+                    if not _hadoop_bookkeeping(_name(file)):
+                        files.append(file)
+            else:
+                files.append(str(status.getPath().toString()))
     return sorted(files)
+
+
+INPUT_ADVICE = (
+    "check the URI (hdfs://HOST:PORT/path names a cluster's file system) and that its file "
+    "system can be reached from here with this Spark (a scheme such as s3a: needs its "
+    "connector, e.g. hadoop-aws, on Spark's class path)"
+)
 
 
 _SCHEME_AND_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(//[^/]*)?")
@@ -408,7 +432,7 @@ def _hadoop_bookkeeping(name: str) -> bool:
 _GLOB_CHARACTERS = re.compile(r"([\\{}\[\]*?])")
 
 
-def _literal(path: str) -> str:
+def literal(path: str) -> str:
     """``path`` with Hadoop's glob characters escaped, so it names just that file (Spark
     expands a path holding any of them as a glob: ``part?.jsonl`` read ``parta.jsonl``)."""
     return _GLOB_CHARACTERS.sub(r"\\\1", path)
@@ -423,7 +447,7 @@ def _read_lines(spark: Any, files: list[str]) -> DataFrame:
         return spark.createDataFrame([], "line string, file string")
     return (
         spark.read.option("lineSep", "\n")
-        .text([_literal(f) for f in files])
+        .text([literal(f) for f in files])
         .withColumnRenamed("value", "line")
         .withColumn("file", sf.input_file_name())
     )
@@ -662,3 +686,76 @@ def components(pairs: DataFrame, max_rounds: int = MAX_ROUNDS) -> Components:
         ).distinct()
     )
     return Components(members, rounds)
+
+
+# -- stage 4: what dedup keeps --------------------------------------------------------------------
+
+
+def dropped_in_order(pairs: DataFrame, members: DataFrame) -> DataFrame:
+    """The documents ``neardup-admin dedup`` drops when fed the input in order:
+    ``(ordinal, duplicate_of, score)`` (see :data:`DROPPED_SCHEMA`).
+
+    dedup keeps a document unless a document it kept earlier is its near-duplicate, and
+    names the best of those kept ones: the highest score, then the earliest. A document
+    in no pair is kept, and a pair links two members of one cluster, so each cluster of
+    ``members`` (from :func:`components`) is decided alone: its pairs are one group, and
+    one Python call walks them (:func:`drop_in_order`). The group's pairs are held in
+    that worker's memory, about 24 bytes each: a boilerplate cluster of 100,000 members
+    paired through its earliest one is a few megabytes.
+    """
+    from pyspark.sql import functions as sf
+
+    clusters = members.select(sf.col("ordinal").alias("first"), "representative")
+    grouped = pairs.select("first", "second", "score").join(clusters, "first")
+    # A lambda: pyspark reads a function's type hints to choose the call form, and ours
+    # name pyarrow types it cannot resolve here; without hints it passes one whole table.
+    return grouped.groupBy("representative").applyInArrow(
+        lambda table: _drop_group(table), DROPPED_SCHEMA
+    )
+
+
+def _drop_group(table: pa.Table) -> pa.Table:
+    """Executor side of :func:`dropped_in_order`: one cluster's pairs in, its dropped
+    members out."""
+    import pyarrow as pa
+
+    ordinal, duplicate_of, score = drop_in_order(
+        table.column("first").to_numpy(),
+        table.column("second").to_numpy(),
+        table.column("score").to_numpy(),
+    )
+    return pa.table(
+        {
+            "ordinal": pa.array(ordinal, pa.int64()),
+            "duplicate_of": pa.array(duplicate_of, pa.int64()),
+            "score": pa.array(score, pa.float64()),
+        }
+    )
+
+
+def drop_in_order(
+    first: npt.NDArray[np.int64], second: npt.NDArray[np.int64], score: npt.NDArray[np.float64]
+) -> tuple[list[int], list[int], list[float]]:
+    """dedup's rule over near-duplicate pairs (``first < second``, ordinals in input
+    order): ``(dropped, duplicate_of, score)``, in input order of the dropped.
+
+    Members are decided in input order, each after every earlier one, so one pass over
+    the pairs sorted by their later member, then best score, then earliest partner
+    decides all: a member is dropped with the first of its pairs whose earlier member
+    was kept (a member that is no pair's later one is kept). O(pairs log pairs).
+    """
+    order = np.lexsort((first, -score, second))
+    dropped: set[int] = set()
+    found: tuple[list[int], list[int], list[float]] = ([], [], [])
+    decided: int | None = None
+    for earlier, later, value in zip(
+        first[order].tolist(), second[order].tolist(), score[order].tolist(), strict=True
+    ):
+        if later == decided or earlier in dropped:
+            continue
+        dropped.add(later)
+        decided = later
+        found[0].append(later)
+        found[1].append(earlier)
+        found[2].append(value)
+    return found

@@ -26,6 +26,7 @@ predictable name in the shared temporary directory would otherwise be run as thi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import os
@@ -36,12 +37,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SparkUnavailableError
+from ..errors import InvalidParameterError, SparkJobError, SparkUnavailableError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -312,8 +313,12 @@ def spark_session(
         log_level: Spark's log level once the session is up.
 
     Raises:
+        InvalidParameterError: ``master`` is not a master URL Spark takes.
         SparkUnavailableError: pyspark or a suitable Java runtime is missing.
+        SparkJobError: Spark did not start (a master it cannot run on, a setting it
+            refuses).
     """
+    check_master(master)
     require_pyspark()
     runtime = find_java()
     os.environ["JAVA_HOME"] = spark_java_home(runtime)  # what Spark's launch script reads
@@ -330,7 +335,13 @@ def spark_session(
         builder = builder.config("spark.pyspark.driver.python", sys.executable)
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
-    session = builder.getOrCreate()
+    with spark_failures(
+        f"Spark did not start on master {master!r}",
+        "check --master and the --conf settings (the JVM's own message, if it printed one, "
+        "is above)",
+        any_failure=True,
+    ):
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
     ship_package(session)
     return session
@@ -344,3 +355,105 @@ def ship_package(session: SparkSession) -> None:
     if shipped != path:
         context.addPyFile(path)
         context._neardup_shipped = path  # type: ignore[attr-defined]
+
+
+_MASTER = re.compile(
+    r"local(\[\s*(\d+|\*)\s*(,\s*\d+\s*)?\])?"
+    r"|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"
+    r"|spark://.+|k8s://.+|yarn"
+)
+"""The master URLs Spark 4 parses (``SparkContext.createTaskScheduler``; Mesos was
+removed in Spark 4). Anything else made ``spark-submit`` exit before the JVM gateway
+was up: a Java stack trace and a Python one."""
+
+
+def check_master(master: object) -> None:
+    """Refuse a master URL Spark would not take, before a JVM is started for it."""
+    if not isinstance(master, str) or _MASTER.fullmatch(master) is None:
+        raise InvalidParameterError(
+            "master",
+            master,
+            "local, local[N], local[*], local[N,F], spark://HOST:PORT, yarn or k8s://HOST:PORT",
+        )
+
+
+_IO_FAILURES = (
+    "java.io.IOException",  # Hadoop's file systems: missing, unreachable, refused, no scheme
+    "java.lang.ClassNotFoundException",  # a file system whose connector is not installed
+    "java.lang.NoClassDefFoundError",
+)
+_PYTHON_FAILURE = "org.apache.spark.api.python.PythonException"
+_PATH_CONDITIONS = frozenset({"PATH_NOT_FOUND", "PATH_ALREADY_EXISTS"})
+"""Spark's analysis refusals that are about a path, not about the query (a column our
+code names wrongly is a bug)."""
+_CAUSES = 16  # how deep a Java cause chain is followed
+
+
+@contextlib.contextmanager
+def spark_failures(what: str, advice: str, *, any_failure: bool = False) -> Iterator[None]:
+    """Spark's and Hadoop's refusals inside the block as one :class:`SparkJobError`
+    naming ``what`` failed, the Java exception's first line and ``advice``.
+
+    Only refusals of the file system are converted (an ``IOException`` or a missing
+    class anywhere in the Java cause chain, or Spark's analysis refusing a path that
+    does not exist or does), unless ``any_failure`` (for blocks that run nothing but
+    Spark's own code, such as starting the session). A failure of Python code that
+    Spark ran (ours, a bug) never is, and neither is anything else: those keep their
+    tracebacks.
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except (PySparkException, Py4JJavaError) as err:
+        detail = _refusal(err, any_failure)
+        if detail is None:
+            raise
+        raise SparkJobError(what, detail, advice) from err
+
+
+def _refusal(err: BaseException, any_failure: bool) -> str | None:
+    """The line that says why Spark refused, or None if ``err`` is not to be converted."""
+    from pyspark.errors import AnalysisException, PythonException
+
+    if isinstance(err, PythonException):
+        return None
+    chain = _java_chain(getattr(err, "java_exception", None) or getattr(err, "_origin", None))
+    if any(_is_a(cause, _PYTHON_FAILURE) for cause in chain):
+        return None
+    for cause in chain:
+        if any(_is_a(cause, name) for name in _IO_FAILURES):
+            return _java_line(cause)
+    about_a_path = isinstance(err, AnalysisException) and err.getCondition() in _PATH_CONDITIONS
+    if about_a_path or any_failure:
+        return _java_line(chain[0]) if chain else _first_line(str(err))
+    return None
+
+
+def _java_chain(java: Any) -> list[Any]:
+    """A Java exception and its causes, outermost first (none for no exception)."""
+    chain: list[Any] = []
+    while java is not None and len(chain) < _CAUSES:
+        chain.append(java)
+        java = java.getCause()
+    return chain
+
+
+def _is_a(java: Any, class_name: str) -> bool:
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+
+    return bool(is_instance_of(SparkContext._gateway, java, class_name))
+
+
+def _java_line(java: Any) -> str:
+    """``SimpleName: first line of the message`` of a Java exception."""
+    name = str(java.getClass().getSimpleName())
+    message = java.getMessage()
+    line = _first_line(str(message)) if message is not None else ""
+    return f"{name}: {line}" if line else name
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
