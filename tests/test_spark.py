@@ -277,8 +277,10 @@ def test_a_chain_keeps_what_dedup_keeps(spark: Any, tmp_path: Path) -> None:
             lines.append(json.dumps(record))
         lines.append(json.dumps({"id": f"alone-{n}", "text": " ".join(_chains(rng, 1)[0][:1])}))
     lines.insert(9, '{"id": "broken", ')
+    # every third line ends CRLF: dedup keeps it without the CR, kept/ kept it (review 37)
+    lines = [line + "\r" * (i % 3 == 0) for i, line in enumerate(lines)]
     source = tmp_path / "chains.jsonl"
-    source.write_text("\n".join(lines) + "\n")
+    source.write_bytes(("\n".join(lines) + "\n").encode())
     params = _store_params()
     report = nds.run_dedup(spark, [str(source)], tmp_path / "out", params)
     kept, dropped = _local_dedup(source, tmp_path, params)
@@ -951,6 +953,34 @@ def test_a_bad_master_is_refused_before_a_jvm_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_setting_spark_refuses_is_one_error_line(tmp_path: Path) -> None:
+    """Spark checks spark.sql.* settings when it first builds the session state, which it
+    did lazily at the job's first read: a Java and a Python traceback, exit 1 (review
+    37). The session state is built at start-up now."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "text": "some text here"}\n')
+    args = ["spark-dedup", source, "--out", tmp_path / "o", "--master", "local[1]", "--conf"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neardup_store",
+            *map(str, args),
+            "spark.sql.shuffle.partitions=abc",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "Error: Spark did not start on master 'local[1]': SparkIllegalArgumentException: "
+        "[INVALID_CONF_VALUE.TYPE_MISMATCH] The value 'abc' in the config \"spark.sql."
+    )
+
+
 def _jobs_run(spark: Any, action: Any) -> list[int]:
     """The Spark jobs ``action()`` started (in this thread)."""
     context = spark.sparkContext
@@ -1060,6 +1090,19 @@ def test_only_spark_refusals_become_spark_job_errors(
         runtime.spark_failures("writing", "advice"),
     ):
         spark.range(3).mapInArrow(bug, "id long").collect()
+
+    def crash(batches: Any) -> Any:
+        os._exit(1)  # the worker dies, as when the kernel kills it for memory
+        yield
+
+    # Its socket's EOFException or SocketException is an IOException, but no file
+    # system's: it kept its traceback only since review 37
+    with (
+        pytest.raises(Exception, match="Python worker exited unexpectedly") as crashed,
+        runtime.spark_failures("writing", "advice"),
+    ):
+        spark.range(3).mapInArrow(crash, "id long").collect()
+    assert not isinstance(crashed.value, SparkJobError)
     with (
         pytest.raises(Exception, match="DIVIDE_BY_ZERO") as other,
         runtime.spark_failures("writing", "advice"),

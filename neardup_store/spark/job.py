@@ -313,6 +313,8 @@ def _write_tables(
     )
     # Blank as add and dedup see it: only white space (trim takes off spaces alone).
     kept = kept.filter(sf.col("line").rlike(r"\S"))
+    # dedup writes a kept line without the CRs it ended with (the lines are cut at LF)
+    kept = kept.select("ordinal", sf.regexp_replace("line", r"\r+\z", "").alias("line"))
     kept.orderBy("ordinal").select("line").write.text(f"{base}/kept")
     _dropped_lines(frames.dropped, lines, ids, id_field, text_field).write.text(f"{base}/dropped")
     failed.write.json(f"{base}/failed")

@@ -342,6 +342,14 @@ def spark_session(
         any_failure=True,
     ):
         session = builder.getOrCreate()
+        try:
+            # Spark checks the spark.sql.* settings when it first builds the session
+            # state, lazily: build it here, so that a value it refuses is this error
+            # rather than a traceback at the job's first read.
+            session._jsparkSession.sessionState()
+        except BaseException:
+            session.stop()
+            raise
     session.sparkContext.setLogLevel(log_level)
     ship_package(session)
     return session
@@ -423,12 +431,24 @@ def _refusal(err: BaseException, any_failure: bool) -> str | None:
     if any(_is_a(cause, _PYTHON_FAILURE) for cause in chain):
         return None
     for cause in chain:
-        if any(_is_a(cause, name) for name in _IO_FAILURES):
+        if any(_is_a(cause, name) for name in _IO_FAILURES) and not _from_python_worker(cause):
             return _java_line(cause)
     about_a_path = isinstance(err, AnalysisException) and err.getCondition() in _PATH_CONDITIONS
     if about_a_path or any_failure:
-        return _java_line(chain[0]) if chain else _first_line(str(err))
+        return _java_line(chain[-1]) if chain else _first_line(str(err))  # the root cause
     return None
+
+
+_PYTHON_RUNNERS = ("org.apache.spark.api.python.", "org.apache.spark.sql.execution.python.")
+"""Where Spark talks to its Python workers: an IOException raised there is the worker's
+connection failing (the worker crashed or was killed), not a file system refusing."""
+
+
+def _from_python_worker(java: Any) -> bool:
+    """Whether a Java exception was raised reading from or writing to a Python worker."""
+    return any(
+        str(frame.getClassName()).startswith(_PYTHON_RUNNERS) for frame in java.getStackTrace()
+    )
 
 
 def _java_chain(java: Any) -> list[Any]:
