@@ -443,8 +443,9 @@ def key_text(key: str | bytes) -> str:
     Bytes keys (possible from the library, never from this CLI) are shown as ``hex:`` and
     their bytes in lowercase hex, so that JSON stays valid and nothing is silently
     re-encoded. A str key that a line or a table cell would not carry whole (empty, white
-    space at either end, or a control character: line breaks, tabs, C0 and C1 controls,
-    U+2028, U+2029) is shown as ``str:`` and its UTF-8 in hex: ``"x\\r"`` prints as
+    space at either end, a control character: line breaks, tabs, C0 and C1 controls,
+    U+2028, U+2029, or U+FEFF first, a byte-order mark to a file's reader) is shown as
+    ``str:`` and its UTF-8 in hex: ``"x\\r"`` prints as
     ``str:780d``. These rules use fixed character sets, not the Unicode database, so a key
     prints the same under every Python. A str key that could be read as either form
     (``hex:``, or ``str:`` and the hex of such a key, after any backslashes) gets one
@@ -518,8 +519,16 @@ database."""
 
 def _fits_a_line(key: str) -> bool:
     """Whether a line, or a table cell, carries ``key`` whole: it is not empty, has no
-    white space at either end, and no control character."""
-    return key != "" and key.strip(_BLANKS) == key and _LINE_BREAKERS.search(key) is None
+    white space at either end, no control character, and does not start with U+FEFF
+    (which a key file's first line loses, read as a byte-order mark)."""
+    return (
+        key.strip(_BLANKS) == key != ""
+        and not key.startswith(_BYTE_ORDER_MARK)
+        and _LINE_BREAKERS.search(key) is None
+    )
+
+
+_BYTE_ORDER_MARK = "\ufeff"
 
 
 def json_text(value: Any) -> str:

@@ -617,6 +617,8 @@ def test_a_query_id_prints_as_the_key_it_names(
         ("\u00a0x", "str:c2a078"),  # at an end it would be lost to a strip
         ("x\u3000", "str:78e38080"),
         ("\u200bdoc", "\u200bdoc"),  # invisible, but a line carries it
+        ("\ufeffdoc", "str:efbbbf646f63"),  # a key file's first line lost it as a BOM
+        ("a\ufeffb", "a\ufeffb"),
         ("\x85", "str:c285"),
         ("\u2028", "str:e280a8"),
         ("a\x7fb", "str:617f62"),

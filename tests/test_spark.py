@@ -942,6 +942,9 @@ def test_a_bad_master_is_refused_before_a_jvm_starts(tmp_path: Path) -> None:
     for good in ("local", "local[2]", "local[*]", "local[4, 2]", "spark://h:7077", "yarn",
                  "k8s://https://h:6443", "local-cluster[2,1,1024]"):  # fmt: skip
         runtime.check_master(good)
+    for bad in ("local[ 2 ]", "local[2 ]", "local[ *]", "local[]", "mesos://h:5050"):
+        with pytest.raises(InvalidParameterError, match="master"):
+            runtime.check_master(bad)  # blanks only around a comma (review 38)
     result = CliRunner().invoke(
         cli, ["spark-dedup", str(source), "--out", str(tmp_path / "o"), "--master", "bogus://x"]
     )

@@ -2368,7 +2368,6 @@ def test_put_failing_part_way_poisons_the_transaction(store_path: Path) -> None:
 
 HOLD_WRITE = r"""
 import sys
-import tempfile
 from neardup_store import store as store_module
 from neardup_store.store import Store
 
@@ -2611,7 +2610,6 @@ def test_a_signature_array_reused_by_the_caller_does_not_change_what_was_added(
 
 CREATE = r"""
 import sys
-import tempfile
 from neardup_store import store as store_module
 from neardup_store.store import Store
 
@@ -2752,7 +2750,6 @@ def test_an_error_leaving_a_store_block_is_not_replaced_by_a_refused_close(
 
 HOLD_READ_ONLY = r"""
 import sys
-import tempfile
 from neardup_store import Store
 with Store.open(sys.argv[1], read_only=True) as store:
     print(len(store), flush=True)

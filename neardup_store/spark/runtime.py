@@ -366,13 +366,13 @@ def ship_package(session: SparkSession) -> None:
 
 
 _MASTER = re.compile(
-    r"local(\[\s*(\d+|\*)\s*(,\s*\d+\s*)?\])?"
+    r"local(\[(\d+|\*)(\s*,\s*\d+)?\])?"
     r"|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"
     r"|spark://.+|k8s://.+|yarn"
 )
-"""The master URLs Spark 4 parses (``SparkContext.createTaskScheduler``; Mesos was
-removed in Spark 4). Anything else made ``spark-submit`` exit before the JVM gateway
-was up: a Java stack trace and a Python one."""
+"""The master URLs Spark 4 parses (``SparkContext.createTaskScheduler``'s patterns, which
+allow blanks only around a comma; Mesos was removed in Spark 4). Anything else made
+``spark-submit`` exit before the JVM gateway was up: a Java stack trace and a Python one."""
 
 
 def check_master(master: object) -> None:
