@@ -87,7 +87,6 @@ _GROWN_LOAD = 0.6  # this load (open addressing slows down sharply past 0.8)
 _MIN_CAPACITY = 1 << 10
 _REBUILD_SLACK = _MIN_CAPACITY // 4  # removed entries a band may hold beyond the live ones
 _CHUNK = 8192  # records read and indexed per step while catching up
-_ID_BYTES = 8  # a docs key that is an id (codec.encode_id)
 _NO_KEYS = np.empty((0, 0), dtype=np.uint64)
 _NO_MULTIPLIERS = np.empty(0, dtype=np.uint64)
 # xxh64's primes: a record's checksum is xxh64 (seed 0) of its bytes before it.
@@ -554,11 +553,7 @@ class BandCache:
         if tables.next_id == 0:
             return False
         store = self._store
-        raw = txn.get(b"next_doc_id", db=store._meta_db)
-        try:
-            next_doc_id = None if raw is None else codec.unpack_meta(raw)
-        except ValueError:  # damage, which check reports: not evidence of a rewrite
-            next_doc_id = None
+        next_doc_id = codec.read_meta(txn, store._meta_db, "next_doc_id")  # None if damaged
         if type(next_doc_id) is int and 0 <= next_doc_id < tables.next_id:
             return True
         newest = codec.encode_id(tables.next_id - 1)
@@ -587,17 +582,14 @@ class BandCache:
     def _add_records(self, tables: _Tables, ids: list[bytes], records: list[bytes]) -> _Tables:
         sigs, ok = _read_signatures(records, self._store.config.num_perm)
         doc_ids, is_id = self._ids(ids)
-        if not is_id.all():
-            ok &= is_id
+        ok &= is_id
         tables = tables.with_documents(self.kept(sigs[ok]), doc_ids[ok] + np.uint64(1))
         if not ok.all():
             known = set(tables.unparsed)
             bad = [bytes(ids[i]) for i in np.flatnonzero(~ok).tolist()]
             tables.unparsed += tuple(doc_id for doc_id in bad if doc_id not in known)
-        last = len(ids) - 1  # the largest id is the last key that is one (ids sort as numbers)
-        if not is_id[last]:
-            valid = np.flatnonzero(is_id)
-            last = int(valid[-1]) if len(valid) else -1
+        valid = np.flatnonzero(is_id)  # the largest id is the last key that is one (ids
+        last = int(valid[-1]) if len(valid) else -1  # sort as numbers)
         if last >= 0 and int(doc_ids[last]) >= tables.next_id:
             newest, next_id = bytes(records[last]), int(doc_ids[last]) + 1
             tables.newest, tables.next_id = newest, next_id  # (no call between: no signal)
@@ -607,10 +599,10 @@ class BandCache:
         """The ids of the docs ``keys``, and which keys are ids the tables can hold: any
         other (damage, which check reports and its repair moves) is a record the cache
         cannot parse, which must neither raise here nor move ``next_id``."""
-        if set(map(len, keys)) == {_ID_BYTES}:
+        if set(map(len, keys)) == {codec.ID_BYTES}:
             doc_ids = codec.decode_ids(keys)
             return doc_ids, doc_ids < np.uint64(self._id_limit)
-        is_id = np.array([len(key) == _ID_BYTES for key in keys], dtype=np.bool_)
+        is_id = np.array([len(key) == codec.ID_BYTES for key in keys], dtype=np.bool_)
         doc_ids = np.zeros(len(keys), dtype=np.uint64)
         doc_ids[is_id] = codec.decode_ids(keys[i] for i in np.flatnonzero(is_id).tolist())
         return doc_ids, is_id & (doc_ids < np.uint64(self._id_limit))

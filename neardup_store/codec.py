@@ -351,6 +351,16 @@ def encode_id(doc_id: int) -> bytes:
     return _ID.pack(doc_id)
 
 
+ID_BYTES = _ID.size
+"""Bytes of a document id as ``docs`` and ``removed`` key it."""
+
+
+def is_id(raw: bytes, limit: int) -> bool:
+    """Whether a ``docs`` or ``removed`` key is a document id below ``limit`` (the ids the
+    format holds); any other is damage that :func:`~.integrity.check` reports."""
+    return len(raw) == ID_BYTES and decode_id(raw) < limit
+
+
 def decode_id(raw: bytes) -> int:
     """Inverse of :func:`encode_id`.
 
@@ -630,6 +640,16 @@ def pack_meta(value: object) -> bytes:
 def unpack_meta(data: bytes) -> Any:
     """Decode a ``meta`` value (never executes code)."""
     return _unpack(data)
+
+
+def read_meta(txn: Any, db: Any, name: str) -> Any:
+    """The value of ``meta`` entry ``name`` in ``db``, or ``None`` when it is missing or
+    does not decode (damage, which check reports)."""
+    raw = txn.get(name.encode(), db=db)
+    try:
+        return None if raw is None else unpack_meta(raw)
+    except ValueError:
+        return None
 
 
 def sealed(value: Any) -> tuple[bytes, int]:

@@ -98,6 +98,10 @@ def after_commit(error: BaseException) -> None:
         error.add_note("the write block had committed: its changes are stored")
 
 
+PROGRESS_EVERY = 1000
+"""Items (documents, pairs) between two calls of a long operation's ``progress``."""
+
+
 def check_progress(progress: object) -> None:
     """Raise :class:`InvalidParameterError` unless ``progress`` is ``None`` or callable:
     it is first called after a batch has committed, too late to refuse it cleanly."""
@@ -298,12 +302,17 @@ class ParamsMismatchError(NeardupError, ValueError):
         self.path, self.conflicts = path, conflicts
 
 
+def _shown_key(key: object) -> str:
+    """A key as an error message shows it: its repr, cut to 60 characters."""
+    shown = repr(key)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 class InvalidKeyError(NeardupError, ValueError):
     """A document key is of the wrong type, empty or too long."""
 
     def __init__(self, key: object, reason: str) -> None:
-        shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
-        super().__init__(f"invalid document key {shown}: {reason}")
+        super().__init__(f"invalid document key {_shown_key(key)}: {reason}")
         self.key, self.reason = key, reason
 
 
@@ -319,8 +328,7 @@ class MetadataError(DocumentError, ValueError):
     def _describe(self) -> str:
         where = self._where("item #{} ", "")
         if self.key is not None:
-            shown = repr(self.key) if len(repr(self.key)) <= 60 else repr(self.key)[:57] + "..."
-            where += f"(key {shown}) "
+            where += f"(key {_shown_key(self.key)}) "
         return (
             f"{where}metadata rejected: {self.reason}; use small values of dict/list/str/"
             "bytes/int/float/bool/None"

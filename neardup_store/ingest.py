@@ -531,6 +531,12 @@ def _fits_a_line(key: str) -> bool:
 _BYTE_ORDER_MARK = "\ufeff"
 
 
+def dropped_text(obj: dict[str, Any], key: str | bytes, score: float) -> str:
+    """A line of ``dedup --dropped`` (and of spark-dedup's ``dropped/``, which must equal
+    it): the input object plus the key it duplicates, printed as keys are, and the score."""
+    return json_text({**obj, "duplicate_of": key_text(key), "score": round(float(score), 6)})
+
+
 def json_text(value: Any) -> str:
     """JSON text of ``value`` with non-ASCII characters kept readable, unless it holds a
     lone surrogate (a valid JSON escape such as ``"\\ud800"``, or a file name that is not
@@ -1209,8 +1215,7 @@ def _dedup_batch(
             raw, obj = parsed[id(doc.record)]
             if result is None:  # the key is stored: not new, so dropped (add skips it)
                 score = estimate_jaccard(doc.signature, txn.get(key).signature)
-                out = {**obj, "duplicate_of": key_text(key), "score": round(float(score), 6)}
-                dropped_out.append(json_text(out).encode() + b"\n")
+                dropped_out.append(dropped_text(obj, key, score).encode() + b"\n")
                 new.dropped += 1
                 new.already_stored += 1
             elif result.added:
@@ -1219,8 +1224,7 @@ def _dedup_batch(
                 new.kept += 1
             else:
                 best = result.matches[0]
-                out = {**obj, "duplicate_of": key_text(best.key), "score": round(best.score, 6)}
-                dropped_out.append(json_text(out).encode() + b"\n")
+                dropped_out.append(dropped_text(obj, best.key, best.score).encode() + b"\n")
                 new.dropped += 1
         commits = store._read_count(txn._live, "commit_counter")
         new.store_commits = commits + 1 if keep_out else commits  # (it commits what it adds)
@@ -1331,11 +1335,11 @@ def _read_state(sidecar: Path) -> tuple[dict[str, Any], _State] | None:
 @dataclass(frozen=True)
 class _State:
     """A checked progress file: the committed position, a pending batch and its probe keys
-    (one, as a string, in version 1 and 2 files), and whether the job finished."""
+    (version 1 and 2 files hold one, as a string), and whether the job finished."""
 
     committed: _Position
     pending: _Position | None
-    probe_key: str | list[str] | None
+    probe_key: list[str] | None
     done: bool
 
 
@@ -1358,7 +1362,8 @@ def _checked_state(state: dict[str, Any], version: int) -> _State:
     pending = state["pending"]
     if pending is not None:
         pending = _checked_position(pending, "pending", version)
-    return _State(committed, pending, probe, done)
+    probes = [probe] if isinstance(probe, str) else probe
+    return _State(committed, pending, probes, done)
 
 
 def _fields(
@@ -1444,7 +1449,7 @@ def _resolve(store: Store, state: _State) -> _Position:
     """The position to resume from: a pending batch counts if the store committed it."""
     if state.pending is None:
         return state.committed
-    probes = [state.probe_key] if isinstance(state.probe_key, str) else state.probe_key
+    probes = state.probe_key
     if not probes:
         return state.pending
     with store.read() as reader:

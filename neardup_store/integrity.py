@@ -48,7 +48,7 @@ import numpy.typing as npt
 
 from . import codec, lmdbfile
 from .band_cache import BandCache
-from .errors import check_flags, check_progress
+from .errors import PROGRESS_EVERY, check_flags, check_progress
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
 from .store import META_COUNT_LIMITS, id_after, meta_count_ok
@@ -57,8 +57,6 @@ if TYPE_CHECKING:
     from .store import Store
     from .txn import ReadTxn, WriteTxn
 
-PROGRESS_EVERY = 1000
-"""Documents between two progress calls of :func:`check`."""
 _Progress = Callable[[int], None]
 
 VIOLATION_KINDS: tuple[str, ...] = (
@@ -394,7 +392,7 @@ class _Checker:
         """Add to a damaged record's violation the key its ``keys`` entry names, and what
         to do: the record cannot say it, and removing the document needs the key."""
         key = codec.key_of_index(index)
-        doc_id = codec.decode_id(raw_id) if len(raw_id) == 8 else None
+        doc_id = codec.decode_id(raw_id) if len(raw_id) == codec.ID_BYTES else None
         advice = (
             f"key {key!r}: remove it by that key, run check --repair, then add it again"
             if key is not None
@@ -513,7 +511,7 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
             with txn.cursor(db=store._keys_db) as cursor:
                 naming = [(bytes(k), bytes(v)) for k, v in cursor if bytes(v) in damaged]
         txn.drop(store._keys_db, delete=False)
-        next_id = _meta_value(store, txn, "next_doc_id")
+        next_id = codec.read_meta(txn, store._meta_db, "next_doc_id")
         next_id = next_id if meta_count_ok("next_doc_id", next_id) else 0
         id_limit = store._band_layout.id_limit
         if store._removed_db is not None:  # the bands are re-derived from docs alone
@@ -560,8 +558,7 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
         for batch in _table_batches(txn, store._docs_db):
             placed: list[tuple[bytes, bytes]] = []
             for raw_id, value in batch:
-                is_id = len(raw_id) == 8 and codec.decode_id(raw_id) < id_limit
-                (placed if is_id else misplaced).append((raw_id, value))
+                (placed if codec.is_id(raw_id, id_limit) else misplaced).append((raw_id, value))
             restored += index_records(placed)[0]
         moved: list[tuple[bytes, bytes]] = []
         for raw_id, value in misplaced:  # a record under a key that is no id gets an id
@@ -593,15 +590,6 @@ def _rederive(store: Store, damaged: set[bytes]) -> Any:
     return run
 
 
-def _meta_value(store: Store, txn: lmdb.Transaction, name: str) -> Any:
-    """A ``meta`` entry's value, or ``None`` when it is missing or does not decode."""
-    raw = txn.get(name.encode(), db=store._meta_db)
-    try:
-        return None if raw is None else codec.unpack_meta(raw)
-    except ValueError:
-        return None
-
-
 def _reset_bad_counters(store: Store, txn: lmdb.Transaction) -> None:
     """Give ``commit_counter`` and ``map_size`` a value every commit can count on when
     they are missing or not non-negative integers (the repair's own commit reads them).
@@ -611,7 +599,7 @@ def _reset_bad_counters(store: Store, txn: lmdb.Transaction) -> None:
     and LMDB counts every commit, ours among them (a compaction starts its count over, so
     this is a best guess there)."""
     for name, value in (("commit_counter", txn.id()), ("map_size", store._map_size())):
-        current = _meta_value(store, txn, name)
+        current = codec.read_meta(txn, store._meta_db, name)
         if not meta_count_ok(name, current):
             txn.put(name.encode(), codec.pack_meta(value), db=store._meta_db)
 
@@ -626,7 +614,7 @@ def check(
             the records (in one write transaction, dropping tables the format does not
             name and raising ``next_doc_id`` above every id), then check again.
         progress: called with the number of documents checked so far, every
-            :data:`PROGRESS_EVERY` of them and at the last; the check after a repair
+            :data:`~.errors.PROGRESS_EVERY` of them and at the last; the check after a repair
             counts on from the first one's total.
 
     Returns:

@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from . import codec
 from .errors import (
+    PROGRESS_EVERY,
     CorruptStoreError,
     IdsExhaustedError,
     InvalidParameterError,
@@ -266,10 +267,6 @@ def _id_pairs(store: Store, threshold: float) -> Iterator[tuple[int, int, Key, K
                     yield first_id, codec.decode_id(other), first, reader._key_of(other), score
 
 
-PAIRS_PROGRESS_EVERY = 1000
-"""Pairs between two progress calls of :func:`clusters`."""
-
-
 def pairs(store: Store, threshold: float | None = None) -> Iterator[Pair]:
     """Every near-duplicate pair in the store, each once, streamed.
 
@@ -303,7 +300,7 @@ def clusters(
 
     Args:
         progress: called with the number of pairs found so far, every
-            :data:`PAIRS_PROGRESS_EVERY` of them and once at the end.
+            :data:`~.errors.PROGRESS_EVERY` of them and once at the end.
 
     Returns:
         Clusters of two or more keys, each in insertion order, ordered by their first
@@ -323,7 +320,7 @@ def clusters(
     found = 0
     for first_id, second_id, first, second, _ in _id_pairs(store, threshold):
         found += 1
-        if progress is not None and found % PAIRS_PROGRESS_EVERY == 0:
+        if progress is not None and found % PROGRESS_EVERY == 0:
             progress(found)
         for node, key in ((first_id, first), (second_id, second)):
             if node not in keys:

@@ -163,8 +163,8 @@ def id_after(txn: lmdb.Transaction, db: Any, id_limit: int) -> int:
         found = cursor.last()
         while found:
             raw_id = cursor.key()
-            if len(raw_id) == 8 and (doc_id := codec.decode_id(raw_id)) < id_limit:
-                return doc_id + 1
+            if codec.is_id(raw_id, id_limit):
+                return codec.decode_id(raw_id) + 1
             found = cursor.prev()
     return 0
 

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from . import codec
 from ._version import __version__
 from .errors import (
+    PROGRESS_EVERY,
     InvalidParameterError,
     InvalidStreamError,
     NeardupError,
@@ -59,8 +60,6 @@ from .store import (
 if TYPE_CHECKING:
     from .txn import Key
 
-PROGRESS_EVERY = 1000
-"""Documents between two progress calls of :func:`export`."""
 
 _Record = tuple["Key", npt.NDArray[np.uint32], Any]
 

@@ -734,12 +734,12 @@ def _check_one_of(text: object, signature: object, name: str) -> None:
         raise InvalidParameterError(name, given, "exactly one: a text, or signature=")
 
 
-def _check_limit(limit: int | None) -> int | None:
+def _check_limit(limit: int | None, expected: str = "a positive integer or None") -> int | None:
     if limit is None:
         return None
     value = integer(limit)
     if value is None or value < 1:
-        raise InvalidParameterError("limit", limit, "a positive integer or None")
+        raise InvalidParameterError("limit", limit, expected)
     return value
 
 
@@ -1344,9 +1344,7 @@ class WriteTxn(ReadTxn):
         (and the candidate lookups that find them). :meth:`Store.purge` purges all.
         """
         self._store._check_writable()
-        count = None if limit is None else integer(limit)
-        if limit is not None and not (count is not None and count > 0):
-            raise InvalidParameterError("limit", limit, "a positive number of documents, or None")
+        count = _check_limit(limit, "a positive number of documents, or None")
         return int(self._run(self._purge, count))
 
     def _add_unique(self, doc: _Prepared, threshold: float) -> UniqueResult:

@@ -361,7 +361,7 @@ def _dropped_batches(
     two fields, write it back as JSON text."""
     import pyarrow as pa
 
-    from ..ingest import Failure, json_text, key_text, parse_line
+    from ..ingest import Failure, dropped_text, parse_line
 
     for batch in batches:
         values = []
@@ -371,8 +371,7 @@ def _dropped_batches(
             item = parse_line(raw + b"\n", "dropped", id_field, text_field)
             if isinstance(item, Failure):  # it was signed, so it parsed: a bug
                 raise RuntimeError(f"a signed line no longer parses: {item.reason}")
-            added = {"duplicate_of": key_text(key), "score": round(float(score), 6)}
-            values.append(json_text({**item[1], **added}))
+            values.append(dropped_text(item[1], key, score))
         yield pa.RecordBatch.from_arrays(
             [batch.column(0), pa.array(values, pa.string())], names=["ordinal", "value"]
         )

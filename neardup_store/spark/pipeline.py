@@ -748,14 +748,12 @@ def drop_in_order(
     order = np.lexsort((first, -score, second))
     dropped: set[int] = set()
     found: tuple[list[int], list[int], list[float]] = ([], [], [])
-    decided: int | None = None
     for earlier, later, value in zip(
         first[order].tolist(), second[order].tolist(), score[order].tolist(), strict=True
     ):
-        if later == decided or earlier in dropped:
+        if later in dropped or earlier in dropped:  # decided already, or its partner was
             continue
         dropped.add(later)
-        decided = later
         found[0].append(later)
         found[1].append(earlier)
         found[2].append(value)
