@@ -2867,29 +2867,45 @@ NOBODY = 65534
 """The user id a child takes to be a member of a store's group but not its owner."""
 
 _AS_GROUP_MEMBER = """
-import json, os, sys
+import contextlib, io, json, os, shutil, sys, tempfile
 import numpy as np
 from neardup_store import Store, StorePermissionError
 from neardup_store.cli import main
-team, owner_only = sys.argv[1:3]
-os.setgroups([]); os.setgid(os.stat(team).st_gid); os.setuid({nobody})
-seen = {{}}
-with Store.open(team) as store:
-    store.add_signatures([("member", np.arange(store.config.num_perm, dtype=np.uint32))])
-    seen["team"] = sorted(store)
-for read_only in (True, False):
-    try:
-        Store.open(owner_only, read_only=read_only).close()
-    except StorePermissionError as err:
-        seen[f"refused read_only={{read_only}}"] = str(err)
-for name, options in (("private", {{}}), ("not-mine/new", {{"create": True}})):
-    try:
-        Store.open(os.path.join(os.path.dirname(team), name), **options).close()
-    except StorePermissionError as err:
-        seen[name] = str(err)
-print(json.dumps(seen), flush=True)
-sys.argv = ["neardup-admin", "info", owner_only]
-main()
+
+def as_member(shared):
+    team, owner_only = (os.path.join(shared, name) for name in ("team", "owner-only"))
+    seen = {{}}
+    with Store.open(team) as store:
+        store.add_signatures([("member", np.arange(store.config.num_perm, dtype=np.uint32))])
+        seen["team"] = sorted(store)
+    for read_only in (True, False):
+        try:
+            Store.open(owner_only, read_only=read_only).close()
+        except StorePermissionError as err:
+            seen[f"refused read_only={{read_only}}"] = str(err)
+    for name, options in (("private", {{}}), ("not-mine/new", {{"create": True}})):
+        try:
+            Store.open(os.path.join(shared, name), **options).close()
+        except StorePermissionError as err:
+            seen[name] = str(err)
+    return seen
+
+def info(shared):
+    sys.argv = ["neardup-admin", "info", os.path.join(shared, "owner-only")]
+    main()
+
+# Modules loaded on first use (lmdb's, numpy's) may lie where only root may read, as under
+# a Python installed in /root: the same run, first as root on a copy, loads them.
+shared = sys.argv[1]
+rehearsal = tempfile.mkdtemp()
+shutil.copytree(shared, rehearsal, dirs_exist_ok=True)
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    as_member(rehearsal)
+    info(rehearsal)
+shutil.rmtree(rehearsal)
+os.setgroups([]); os.setgid(os.stat(os.path.join(shared, "team")).st_gid); os.setuid({nobody})
+print(json.dumps(as_member(shared)), flush=True)
+info(shared)
 """
 
 
@@ -2927,7 +2943,7 @@ def test_a_group_uses_a_store_made_for_it_and_others_get_a_permission_error(
             os.umask(old)
     script = _AS_GROUP_MEMBER.format(nobody=NOBODY)
     done = subprocess.run(
-        [sys.executable, "-c", script, str(team), str(owner_only)],
+        [sys.executable, "-c", script, str(shared_directory)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     seen = json.loads(done.stdout.splitlines()[0])
