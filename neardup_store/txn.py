@@ -366,7 +366,11 @@ class ReadTxn:
             texts = list(documents) if exact is not None else documents
             sigs = self._store.hasher.signatures(texts, encoding)
         elif isinstance(signatures, (list, tuple)) and not signatures:
-            return []  # as every batch call answers an empty batch (no shape to check)
+            # An empty batch has no shape to check, but its options are checked as a
+            # full batch's are: a bad threshold must not pass while the batch is empty.
+            self._store._check_threshold(threshold)
+            _check_limit(limit)
+            return []
         else:
             sigs = self._store._check_signatures(signatures)
             texts = None

@@ -147,6 +147,11 @@ def test_an_empty_batch_of_signatures_is_answered_and_numpy_limits_are_taken(
     other batch call answers an empty batch, and purge(limit=np.int64(1)) as 'not a
     positive number' (review 22)."""
     assert store.query_many(signatures=[]) == [] == store.query_many([])
+    # an empty batch's options were not checked at all (review 38)
+    for options in ({"threshold": 1.5}, {"limit": 0}):
+        for batch in ({"signatures": []}, {"documents": []}):
+            with pytest.raises(InvalidParameterError, match=next(iter(options))):
+                store.query_many(**batch, **options)  # type: ignore[arg-type]
     store.remove_many(["alpha", "gamma"])
     with store.write() as txn:
         assert txn.purge(limit=np.int64(1)) == 1
