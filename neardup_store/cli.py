@@ -89,8 +89,10 @@ def _cli_errors() -> Iterator[None]:
     except OSError as err:  # a file that cannot be opened (see _File) or written
         if err.filename is None:
             raise  # not about a path the user named: a real failure, with its traceback
-        if err.errno == errno.EPIPE and err.filename == _STDOUT:
-            _reader_gone()
+        if err.filename == _STDOUT:
+            _drop_buffered_stdout()
+            if err.errno == errno.EPIPE:
+                _reader_gone()
         lead = f"{err.filename}: {err.strerror or err}"  # an output's notes say what is done
         raise InputError(_with_notes(err, lead)) from err
 
@@ -198,13 +200,25 @@ class _NamedStream:
             raise
 
 
+def _drop_buffered_stdout() -> None:
+    """Point standard output's descriptor at /dev/null after a write to it failed, so that
+    what is still buffered goes nowhere at exit. Without a tty or PYTHONUNBUFFERED, stdout
+    is block-buffered: the interpreter's last flush at exit failed again and turned the
+    documented exit (2, or 141) into 120 with an "Exception ignored" traceback."""
+    if sys.stdout is None:  # closed by the shell (``>&-``): nothing is buffered
+        return
+    with contextlib.suppress(OSError, ValueError):  # no descriptor under a test runner
+        stdout = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stdout)
+        finally:
+            os.close(devnull)
+
+
 def _reader_gone() -> NoReturn:
     """Stop quietly when stdout's reader has gone (``| head``), with the status of a
     command that SIGPIPE stopped (141): neither success nor the code for findings."""
-    with contextlib.suppress(OSError, ValueError):  # no descriptor under a test runner
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
-        os.close(devnull)
     raise click.exceptions.Exit(128 + signal.SIGPIPE)
 
 
@@ -350,8 +364,18 @@ def _doc_progress(
 
             yield advance
         return
-    yield lambda done: click.echo(f"\r{label}: {done} {unit}", nl=False, err=True)
-    click.echo(err=True)
+    drawn = False
+
+    def count(done: int) -> None:
+        nonlocal drawn
+        drawn = True  # first: a Ctrl-C may land in echo, after it has drawn
+        click.echo(f"\r{label}: {done} {unit}", nl=False, err=True)
+
+    try:
+        yield count
+    finally:  # also when the block raises: an Error: or interrupted line starts a line
+        if drawn:
+            click.echo(err=True)
 
 
 def open_store(path: str, readonly: bool) -> Store:
@@ -408,7 +432,7 @@ def _read_jsonl(
     """The queries of a JSON-lines stream (the id defaults to the line number), and a
     failure, located by ``file:line``, for each line that is not one: as in ``add``, a bad
     line (not UTF-8, not JSON, no text) does not stop the others."""
-    name = _stream_name(stream)
+    name = ingest.path_text(_stream_name(stream))
     queries: list[_Query] = []
     failed: list[ingest.Failure] = []
     for number, raw in enumerate(stream, 1):
@@ -428,8 +452,9 @@ def _read_jsonl(
 
 def _query_id(qid: Any) -> Any:
     """A query's id as printed: a str id as a key is (:func:`.ingest.key_text`), so that
-    a document that a query of the same corpus finds reads alike in both columns."""
-    return render.key_text(qid) if isinstance(qid, str) else qid
+    a document that a query of the same corpus finds reads alike in both columns (a
+    ``--file`` whose name is not UTF-8 has the bytes key ``add`` gives that file)."""
+    return render.key_text(qid) if isinstance(qid, (str, bytes)) else qid
 
 
 class _BadLine(NamedTuple):
@@ -467,7 +492,7 @@ def _source_texts(
     name = getattr(stream, "name", "-")
 
     def lookup(key: Any) -> str:
-        try:  # a str key is its line's id as add read it; a bytes key (never add's) as printed
+        try:  # a str key is its line's id as add read it; a bytes key (a file's) as printed
             return texts[key if isinstance(key, str) else render.key_text(key)]
         except KeyError:
             raise InputError(
@@ -792,9 +817,10 @@ def _write_report(report: IO[str], result: ingest.IngestReport) -> None:
         for skipped in result.skipped:
             record = {"key": render.key_text(skipped.key), "skipped": skipped.reason}
             record["matches"] = [render.key_text(k) for k in skipped.matching_keys]
-            report.write(json.dumps(record) + "\n")
+            report.write(ingest.json_text(record) + "\n")
         for failure in result.failed:
-            report.write(json.dumps({"source": failure.source, "failed": failure.reason}) + "\n")
+            line = {"source": failure.source, "failed": failure.reason}
+            report.write(ingest.json_text(line) + "\n")
         report.flush()
     except OSError as err:
         name = getattr(report, "name", "the report")
@@ -984,7 +1010,10 @@ def query(
     if text is not None:
         queries = [_Query("text", text, "--text")]
     elif file_ is not None:
-        queries = [_Query(file_, _read_text(file_, encoding), file_)]
+        # Its id is the key add gives the file (bytes for a name that is not UTF-8).
+        queries = [
+            _Query(ingest.path_key(file_), _read_text(file_, encoding), ingest.path_text(file_))
+        ]
     else:
         assert jsonl is not None
         queries, failed = _read_jsonl(jsonl, id_field, text_field)
@@ -1438,6 +1467,17 @@ def _quiet() -> bool:
     return bool(ctx.obj and ctx.obj.get("quiet"))
 
 
+def _import_target_advice(err: NotAStoreError) -> str:
+    """``err``'s message with advice for ``import``, which makes a store in a new or empty
+    directory itself: one that ``init`` made has default parameters, which an export
+    made with others does not fit."""
+    return _cli_wording(
+        _with_notes(err).replace(
+            "with create=True", "(import makes the store there, with the export's parameters)"
+        )
+    )
+
+
 @cli.command(name="import")
 @click.argument("source", type=_File("rb"))
 @click.argument("path", type=click.Path(file_okay=False))
@@ -1463,12 +1503,16 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
         store = Store.open(path)
     except (StoreNotFoundError, NotAStoreError) as err:
         if isinstance(err, NotAStoreError) and err.found != UNFINISHED_CREATION:
-            raise  # else an import killed while creating its store: creating it goes on
-        with (
-            _doc_progress("Importing") as progress,
-            Store.create_from_export(path, source, progress=progress) as created,
-        ):
-            count, created_new = len(created), True
+            raise InputError(_import_target_advice(err)) from err
+        # (Else an import killed while creating its store: creating it goes on.)
+        try:
+            with (
+                _doc_progress("Importing") as progress,
+                Store.create_from_export(path, source, progress=progress) as created,
+            ):
+                count, created_new = len(created), True
+        except NotAStoreError as refused:  # PATH holds other files: no store is made there
+            raise InputError(_import_target_advice(refused)) from refused
     else:
         advice = "to finish, run the same import again with --replace, from a whole export"
         with store, _doc_progress("Importing") as progress, _resume_advice(advice):

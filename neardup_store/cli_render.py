@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,7 +28,8 @@ from .maintenance import (
 
 
 def json_line(record: dict[str, Any]) -> None:
-    """Print one JSON-lines record (machine output goes to stdout, one object a line)."""
+    """Print one JSON-lines record (machine output goes to stdout, one object a line),
+    through :func:`.ingest.json_text`, which writes nothing that is not JSON."""
     click.echo(json_text(record))
 
 
@@ -399,7 +399,7 @@ def demo_json(result: DemoResult) -> None:
     summary line with the planted groups not found as one group."""
     for group in result.groups:
         found = {"keys": group.keys, "similarities": group.similarities}
-        click.echo(json.dumps({**found, "planted": result.was_planted(group)}))
+        json_line({**found, "planted": result.was_planted(group)})
     summary = {
         "summary": {
             "documents": result.document_count,
@@ -415,4 +415,4 @@ def demo_json(result: DemoResult) -> None:
             "store_bytes": result.store_bytes,
         }
     }
-    click.echo(json.dumps(summary))
+    json_line(summary)

@@ -469,12 +469,17 @@ class StoreClosedError(NeardupError, RuntimeError):
 
 
 class CorruptStoreError(NeardupError, ValueError):
-    """The store's own structure (LMDB pages, tables, ``meta``) is damaged."""
+    """The store's own structure (LMDB pages, tables, ``meta``) is damaged.
+
+    Mostly raised by :meth:`Store.open`, so the advice is what works without opening the
+    store: every command, export and ``check --repair`` included, opens it first and
+    fails alike. Where a repair works on a store that opens, ``detail`` says so.
+    """
 
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
-            f"{path}: the store is corrupt ({detail}); restore it from a backup, or export "
-            "what is readable from a copy and import it into a new store"
+            f"{path}: the store is corrupt ({detail}); restore it from a backup, or add "
+            "its documents again to a new store"
         )
         self.path, self.detail = path, detail
 

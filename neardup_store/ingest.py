@@ -16,8 +16,9 @@ transaction, so a bad record becomes a failure instead of aborting its batch. A
 :func:`dedup` is resumable. After each batch it records its position in a sidecar JSON
 file next to the keep file (:func:`progress_path`), in two steps around the commit:
 
-1. outputs written, flushed and fsynced; sidecar replaced atomically with the batch as
-   *pending* (plus the keys of the documents it kept, the *probes*; version 1 and 2
+1. outputs written, flushed and fsynced (with the batch's failed lines, appended to a file
+   beside the sidecar, :func:`failures_path`); sidecar replaced atomically with the batch
+   as *pending* (plus the keys of the documents it kept, the *probes*; version 1 and 2
    files hold the first one only);
 2. the store commits;
 3. sidecar replaced with the batch as *committed*.
@@ -28,9 +29,12 @@ remove documents of the store, or add some under the same keys, between the cras
 rerun would have to do so for half the batch to mislead it (a file of version 1 or 2, with
 one probe, is misled by that one). The commit counter does not decide it: a repair of a
 damaged counter cannot know its old value. A batch that kept nothing changed only the
-fsynced outputs, so it counts as committed either way. Outputs are then truncated to the
-recorded sizes and reading continues at the recorded input offset, so the final outputs
-equal those of an uninterrupted run. The sidecar also keeps a digest of the input's last
+fsynced outputs, so it counts as committed either way. Outputs (and the failures file) are
+then truncated to the recorded sizes and reading continues at the recorded input offset,
+so the final outputs equal those of an uninterrupted run. The sidecar records only counts
+and sizes, so writing it costs the same for every batch however many lines failed before
+(files before version 4 held every failure, rewritten twice a batch; a resume moves them
+to the failures file). The sidecar also keeps a digest of the input's last
 4 KiB before that offset: an input that was replaced (or cut shorter) is refused, and
 lines appended to an input after the job finished are read by the next run. It records
 the store's commit counter after each batch, too: a store whose counter is lower (made
@@ -83,12 +87,20 @@ its lines (and their outputs) in memory, and dedup's time goes to its queries mo
 to the pages its writes copy (a scratch run of 20k documents into a 1M store: 4.3-4.9k
 docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
-_STATE_VERSION = 3  # positions add input_tail in 2, store_commits in 3 (unchecked in older)
-_READABLE_STATES = (1, 2, 3)
+FAILURES_SUFFIX = ".progress.failed.jsonl"
+# Positions add input_tail in 2, store_commits in 3 (unchecked in older); in 4 the failures
+# move to their own file: ``failed`` becomes their count and ``failed_bytes`` that file's size.
+_STATE_VERSION = 4
+_READABLE_STATES = (1, 2, 3, 4)
 _STATE_FIELDS = frozenset({"version", "job", "committed", "pending", "probe_key", "done"})
 _JOB_FIELDS = ("input", "keep", "dropped", "store", "id_field", "text_field", "threshold")
 _COUNTS = ("line", "input_offset", "keep_bytes", "dropped_bytes", "batches", "kept", "dropped")
-_NEWER_FIELDS = {"already_stored": 2, "input_tail": 2, "store_commits": 3}  # version adding it
+_NEWER_FIELDS = {  # the version that added each
+    "already_stored": 2,
+    "input_tail": 2,
+    "store_commits": 3,
+    "failed_bytes": 4,
+}
 
 
 # -- records and reports ---------------------------------------------------------------------
@@ -240,7 +252,8 @@ def read_inputs(
 ) -> Iterator[Record | Failure]:
     """Records from plain-text files, directories, JSON-lines files or ``-`` (stdin).
 
-    A plain file is one document keyed by its path. A directory is walked recursively in
+    A plain file is one document keyed by its path (:func:`path_key`: a path that is not
+    UTF-8 keys it by the path's bytes). A directory is walked recursively in
     sorted order, taking files whose name or relative path matches any ``include`` glob.
     With ``jsonl``, every file (and stdin) holds one JSON object per line: the key comes
     from ``id_field`` (a string, or an integer turned into one), the text from
@@ -296,7 +309,40 @@ def _read_inputs(
         elif (err := _stat_error(target)) is not None:  # a symbolic-link loop, say
             yield _unreadable(name, err)
         else:
-            yield Failure(name, "no such file or directory", name, error="FileNotFoundError")
+            shown = path_text(name)
+            yield Failure(shown, "no such file or directory", shown, error="FileNotFoundError")
+
+
+def path_key(name: str) -> Key:
+    """The key of the document a plain file holds: its path, as it was named.
+
+    A path that is not UTF-8 (a Latin-1 name from an old archive, say) is no ``str`` key:
+    Python holds its bytes as lone surrogates, which the store refuses. Its key is then
+    the path's bytes, which names that file and no other; the CLI prints it as ``hex:``
+    (:func:`key_text`), which ``remove`` takes back.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(name)
+        except UnicodeEncodeError:  # a surrogate no file system name gives: refused as it is
+            return name
+    return name
+
+
+def path_text(name: str) -> str:
+    """``name`` as text that UTF-8 (and so JSON) carries: each byte of a path that is not
+    UTF-8 as ``\\xNN``, as Python writes such a name to standard error. Where a
+    failure or a record names a file, it names it so."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(name).decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name
 
 
 def walk_directory(directory: Path, include: Sequence[str]) -> Iterator[Path]:
@@ -327,11 +373,12 @@ def _read_file(
 def _read_stream(
     stream: IO[bytes], name: str, jsonl: bool, id_field: str, text_field: str, encoding: str
 ) -> Iterator[Record | Failure]:
+    shown = path_text(name)
     if jsonl:
         for number, raw in enumerate(stream, 1):
             if raw.strip():
-                where = f"{name}:{number}"
-                item = parse_line(raw, where, id_field, text_field, encoding, name, number)
+                where = f"{shown}:{number}"
+                item = parse_line(raw, where, id_field, text_field, encoding, shown, number)
                 yield item if isinstance(item, Failure) else item[0]
         return
     try:
@@ -340,9 +387,9 @@ def _read_stream(
         yield _unreadable(name, err)
         return
     try:
-        yield Record(name, decode_text(data, encoding), None, name, file=name)
+        yield Record(path_key(name), decode_text(data, encoding), None, shown, file=shown)
     except UnicodeError as err:
-        yield Failure(name, _decode_reason(err, encoding), name, error=type(err).__name__)
+        yield Failure(shown, _decode_reason(err, encoding), shown, error=type(err).__name__)
 
 
 def _stat_error(path: Path) -> OSError | None:
@@ -359,7 +406,9 @@ def _stat_error(path: Path) -> OSError | None:
 
 
 def _unreadable(name: str, err: OSError) -> Failure:
-    return Failure(name, f"cannot read it: {err.strerror or err}", name, error=type(err).__name__)
+    shown = path_text(name)
+    reason = f"cannot read it: {err.strerror or err}"
+    return Failure(shown, reason, shown, error=type(err).__name__)
 
 
 def _decode_reason(err: UnicodeError, encoding: str) -> str:
@@ -414,10 +463,19 @@ def parse_line(
 def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
     """A JSON line's object, or why it is none as ``(reason, error type name)``: the
     wording of every command that reads JSON lines. A byte-order mark before the object
-    (files some editors write start with one) is not part of it."""
-    line = line.removeprefix("\ufeff")
+    (files some editors write start with one) is not part of it.
+
+    ``NaN``, ``Infinity`` and ``-Infinity``, which Python's ``json`` accepts, are not
+    JSON: a line holding one is malformed, as any other line that is not JSON. A number
+    with a fraction or an exponent is read as a :class:`JSONFloat`, which
+    :func:`json_text` writes back as it was written.
+    """
+    line = line.removeprefix("\ufeff").rstrip("\r\n")  # so that a column is on this line
     try:
-        obj = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
+        obj = _LINE_DECODER.decode(line)
+    except _NotJSONError as err:
+        column = _constant_at(line, err.token) + 1
+        return f"malformed JSON ({err.token} is not JSON at column {column})", "JSONDecodeError"
     except json.JSONDecodeError as err:
         return f"malformed JSON ({err.msg} at column {err.colno})", type(err).__name__
     except RecursionError as err:
@@ -427,6 +485,52 @@ def json_object(line: str) -> dict[str, Any] | tuple[str, str]:
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}", "TypeError"
     return obj
+
+
+class JSONFloat(float):
+    """A JSON number with a fraction or an exponent, as read from an input line: a float
+    that keeps the text it was written as.
+
+    :func:`json_text` writes that text back, where ``json.dumps`` writes the float:
+    ``0.1000000000000000000001`` would become ``0.1``, and ``1e400`` (valid JSON, past
+    the largest double) the bare token ``Infinity``, which is not JSON.
+    """
+
+    __slots__ = ("literal",)
+    literal: str
+
+    def __new__(cls, literal: str) -> JSONFloat:
+        number = super().__new__(cls, literal)
+        number.literal = literal
+        return number
+
+    def __reduce__(self) -> tuple[type[JSONFloat], tuple[str]]:
+        return type(self), (self.literal,)  # pickled (a Spark executor's) with its text
+
+
+class _NotJSONError(ValueError):
+    """A ``NaN``/``Infinity``/``-Infinity`` token, which ``json`` takes and JSON has not."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(token)
+        self.token = token
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotJSONError(token)
+
+
+_LINE_DECODER = json.JSONDecoder(parse_float=JSONFloat, parse_constant=_refuse_constant)
+_STRING_OR_CONSTANT = re.compile(r'"(?:[^"\\]|\\.)*"|NaN|-?Infinity')
+
+
+def _constant_at(line: str, token: str) -> int:
+    """Where ``token`` first stands outside a string in ``line``: the one the decoder met
+    (everything before it parsed, so the strings before it are whole)."""
+    for found in _STRING_OR_CONSTANT.finditer(line):
+        if found.group() == token:
+            return found.start()
+    return 0
 
 
 HEX_PREFIX = "hex:"
@@ -440,13 +544,13 @@ def key_text(key: str | bytes) -> str:
     """A key as text that names it and no other, in every output format and on a line of
     its own.
 
-    Bytes keys (possible from the library, never from this CLI) are shown as ``hex:`` and
-    their bytes in lowercase hex, so that JSON stays valid and nothing is silently
-    re-encoded. A str key that a line or a table cell would not carry whole (empty, white
-    space at either end, a control character: line breaks, tabs, C0 and C1 controls,
-    U+2028, U+2029, or U+FEFF first, a byte-order mark to a file's reader) is shown as
-    ``str:`` and its UTF-8 in hex: ``"x\\r"`` prints as
-    ``str:780d``. These rules use fixed character sets, not the Unicode database, so a key
+    Bytes keys (from the library, or from ``add`` of a file whose path is not UTF-8) are
+    shown as ``hex:`` and their bytes in lowercase hex, so that JSON stays valid and
+    nothing is silently re-encoded. A str key that a line or a table cell would not carry
+    whole (empty, white space at either end, a control character: line breaks, tabs, C0
+    and C1 controls, U+2028, U+2029, or U+FEFF first, a byte-order mark to a file's
+    reader) is shown as ``str:`` and its UTF-8 in hex: ``"x\\r"`` prints as ``str:780d``.
+    These rules use fixed character sets, not the Unicode database, so a key
     prints the same under every Python. A str key that could be read as either form
     (``hex:``, or ``str:`` and the hex of such a key, after any backslashes) gets one
     backslash more in front, so no two keys print alike: ``b"\\x00\\xff"`` prints as
@@ -538,15 +642,64 @@ def dropped_text(obj: dict[str, Any], key: str | bytes, score: float) -> str:
 
 
 def json_text(value: Any) -> str:
-    """JSON text of ``value`` with non-ASCII characters kept readable, unless it holds a
-    lone surrogate (a valid JSON escape such as ``"\\ud800"``, or a file name that is not
-    UTF-8), which UTF-8 cannot carry: that text is ASCII-escaped instead."""
-    text = json.dumps(value, ensure_ascii=False)
+    """JSON text of ``value``: every JSON line the package writes goes through here, so
+    that none can be invalid JSON.
+
+    Non-ASCII characters are kept readable, unless the text holds a lone surrogate (a
+    valid JSON escape such as ``"\\ud800"``), which UTF-8 cannot carry: that text is
+    ASCII-escaped instead. A :class:`JSONFloat` is written as it was read; any other
+    float that is not finite raises ``ValueError`` (``allow_nan=False``), where
+    ``json.dumps`` would write ``NaN`` or ``Infinity``, which strict parsers refuse.
+    Object keys must be ``str``.
+    """
+    text = _json(value, _READABLE)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(value)
+        return _json(value, _ASCII)
     return text
+
+
+_READABLE = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_ASCII = json.JSONEncoder(allow_nan=False)
+
+
+class _Raw(str):
+    """Text :func:`_json` copies to its output as it is (punctuation, an encoded key)."""
+
+
+def _json(value: Any, encoder: json.JSONEncoder) -> str:
+    """``encoder``'s text for ``value``, with its separators, but each :class:`JSONFloat`
+    as written. A loop with its own stack, not recursion: a line nested as deep as
+    Python's parser reads must not run out of stack when it is written back."""
+    parts: list[str] = []
+    todo: list[Any] = [value]
+    while todo:
+        item = todo.pop()
+        if type(item) is _Raw:
+            parts.append(item)
+        elif isinstance(item, JSONFloat):
+            parts.append(item.literal)
+        elif isinstance(item, dict):
+            todo.append(_Raw("}"))
+            members = list(item.items())
+            for position in range(len(members) - 1, -1, -1):
+                name, member = members[position]
+                if not isinstance(name, str):
+                    raise TypeError(f"JSON object keys must be str, not {type(name).__name__}")
+                todo.append(member)
+                todo.append(_Raw((", " if position else "") + encoder.encode(name) + ": "))
+            todo.append(_Raw("{"))
+        elif isinstance(item, (list, tuple)):
+            todo.append(_Raw("]"))
+            for position in range(len(item) - 1, -1, -1):
+                todo.append(item[position])
+                if position:
+                    todo.append(_Raw(", "))
+            todo.append(_Raw("["))
+        else:
+            parts.append(encoder.encode(item))
+    return "".join(parts)
 
 
 def _json_type(value: object) -> str:
@@ -682,15 +835,26 @@ def ingest(
                     n_replaced = 0
                 else:
                     n_added, n_replaced, batch_skipped, probe = _add_plain(txn, signed, replace)
-                pending = _Batch(n_added, n_replaced, batch_skipped, failures, read, probe)
+                pending = _Batch(
+                    n_added, n_replaced, batch_skipped, failures, read, probe, batches + 1
+                )
             count(pending)  # committed: only now does the batch count
             pending = None
             if on_batch is not None:
                 on_batch(BatchProgress(batches, seen, added, len(skipped), len(failed)))
     except KeyboardInterrupt as err:
-        # Ctrl-C may land between the commit and the count: a key the batch added
-        # tells whether its commit happened.
-        if pending is not None and pending.probe is not None and pending.probe in store:
+        # Ctrl-C may land during the commit, which marks it transaction_committed once the
+        # commit has returned, or between the commit and the count, where a key the batch
+        # added tells (a batch that only replaced keys has none). A batch counted already
+        # is not counted again.
+        if (
+            pending is not None
+            and pending.number > batches
+            and (
+                getattr(err, "transaction_committed", False)
+                or (pending.probe is not None and pending.probe in store)
+            )
+        ):
             count(pending)
         raise Interrupted(report()) from err
     return report()
@@ -706,6 +870,7 @@ class _Batch:
     failed: list[Failure]
     records: int
     probe: Key | None  # a key the batch added anew, to test whether it committed
+    number: int  # the batch's place in the call, from 1 (counted once ``batches`` reaches it)
 
 
 def _add_plain(
@@ -826,6 +991,13 @@ def progress_path(keep_path: str | os.PathLike[str]) -> Path:
     return keep.with_name(keep.name + PROGRESS_SUFFIX)
 
 
+def failures_path(keep_path: str | os.PathLike[str]) -> Path:
+    """The file beside the sidecar where :func:`dedup` appends the failed lines of each
+    batch (one :meth:`Failure.fields` list a line), for the report of a resumed run."""
+    keep = Path(keep_path)
+    return keep.with_name(keep.name + FAILURES_SUFFIX)
+
+
 @dataclass
 class _Position:
     """How far a dedup job got: input position, output sizes and totals."""
@@ -837,15 +1009,23 @@ class _Position:
     batches: int = 0
     kept: int = 0
     dropped: int = 0
-    failed: list[list[Any]] = field(default_factory=list)
+    failed: int = 0  # failed lines; their reports are in the failures file
     already_stored: int = 0
     input_tail: str | None = None  # :func:`_tail_digest` at input_offset (newer files)
     # The store's commit counter once the batch committed, at least (newer files): a
     # store of the job counts on from it, whatever else others commit or remove.
     store_commits: int | None = None
+    failed_bytes: int = 0  # the failures file's size (version 4 files)
+    # The failures themselves, as files before version 4 held them (never saved: a
+    # resume writes them to the failures file).
+    old_failures: list[list[Any]] | None = None
 
     def copy(self) -> _Position:
-        return _Position(**{**vars(self), "failed": list(self.failed)})
+        return _Position(**vars(self))
+
+    def saved(self) -> dict[str, Any]:
+        """The fields a progress file records."""
+        return {name: value for name, value in vars(self).items() if name != "old_failures"}
 
 
 def dedup(
@@ -887,9 +1067,11 @@ def dedup(
     paths, job, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store.path, fields)
     threshold = job["threshold"]
     sidecar = progress_path(keep_path)
+    failures_file = failures_path(keep_path)
+    failures: list[Failure] = []  # the job's, this batch's included once it is written
     if state is None:
         at, resumed_from, done = _Position(), None, False
-        for path in paths[1:]:
+        for path in (*paths[1:], failures_file):
             path.open("wb").close()
     else:
         at, done = _resolve(store, state), state.done
@@ -899,12 +1081,18 @@ def dedup(
         done = done and not grown  # lines appended to a finished job's input: read on
         _truncate(paths[1], at.keep_bytes, sidecar)
         _truncate(paths[2], at.dropped_bytes, sidecar)
-    run_batches = held_back = 0
+        failures = _resumed_failures(failures_file, at, sidecar)
+    held_back = 0
 
     def report() -> DedupReport:
-        failures = [Failure(*fields) for fields in at.failed]
         return DedupReport(
-            at.kept, at.dropped, failures, resumed_from, at.batches, at.already_stored, held_back
+            at.kept,
+            at.dropped,
+            failures[: at.failed],
+            resumed_from,
+            at.batches,
+            at.already_stored,
+            held_back,
         )
 
     if done:
@@ -914,24 +1102,24 @@ def dedup(
             paths[0].open("rb") as source,
             paths[1].open("ab") as keep,
             paths[2].open("ab") as dropped,
+            failures_file.open("ab") as failed,
         ):
+            outputs = _Outputs(keep, dropped, failed, failures)
             source.seek(at.input_offset)
             while True:
                 lines, (line, offset) = _read_lines(source, batch_size, at.line)
                 if not lines:
                     break
                 end = (line, offset, _tail_digest(source, offset))
-                new = _dedup_batch(store, lines, end, at, keep, dropped, job, sidecar, threshold)
-                _save_state(sidecar, job, new, None, None)
-                at = new
-                run_batches += 1
+                at = _dedup_batch(store, lines, end, at, outputs, job, sidecar, threshold)
+                _save_state(sidecar, job, at, None, None)
                 if on_batch is not None:
                     progress = BatchProgress(
                         at.batches,
                         at.line,
                         at.kept,
                         at.dropped,
-                        len(at.failed),
+                        at.failed,
                         at.input_offset,
                         resumed_from or 0,
                     )
@@ -940,8 +1128,72 @@ def dedup(
             held_back = len(source.read().lstrip())
         _save_state(sidecar, job, at, None, None, done=True)
     except KeyboardInterrupt as err:
+        at = _interrupted_at(store, sidecar, at, err)
         raise Interrupted(report()) from err
     return report()
+
+
+def _interrupted_at(
+    store: Store, sidecar: Path, at: _Position, interrupt: KeyboardInterrupt
+) -> _Position:
+    """Where a job stands after a Ctrl-C, as the next run will resume it: past the batch
+    in progress if that one committed. The Ctrl-C may have come during its commit (the
+    write marks it ``transaction_committed``), or after it, before ``at`` took it up; the
+    progress file records that batch as pending (or, once saved, as committed), and
+    :func:`_resolve` judges a pending one as a resume does."""
+    try:
+        read = _read_state(sidecar)
+    except DedupStateError:
+        return at
+    if read is None:
+        return at
+    state = read[1]
+    if state.committed.batches > at.batches:  # saved as committed, not yet taken up
+        return state.committed
+    pending = state.pending
+    if pending is None or pending.batches <= at.batches:
+        return at  # the batch in progress never got as far as its commit
+    if getattr(interrupt, "transaction_committed", False):
+        return pending
+    try:
+        return pending if _resolve(store, state) is pending else at
+    except NeardupError:  # the store cannot say now: the next run will
+        return at
+
+
+def _resumed_failures(path: Path, at: _Position, sidecar: Path) -> list[Failure]:
+    """The failures of a job's earlier runs, up to ``at``, with the failures file cut
+    back to that point; a position read from a file before version 4 holds them itself,
+    and they are written to the failures file."""
+    if at.old_failures is not None:
+        failures = [Failure(*fields) for fields in at.old_failures]
+        with path.open("wb") as out:
+            lines = [json_text(failure.fields()).encode() + b"\n" for failure in failures]
+            at.failed_bytes = _write_synced(out, lines)
+        at.old_failures = None
+        return failures
+    failures = []
+    if at.failed_bytes or path.exists():  # (deleted while empty: it is made again)
+        _truncate(path, at.failed_bytes, sidecar)
+        with path.open("rb") as stream:
+            for number, raw in enumerate(stream, 1):
+                try:
+                    fields = _PROGRESS_DECODER.decode(raw.decode("utf-8"))
+                    _check_failure(fields, f"line {number}")
+                except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, no failure
+                    raise DedupStateError(
+                        str(sidecar),
+                        f"{path} is damaged ({type(err).__name__}: {err})",
+                        resume=f"put back an intact {path.name}",
+                    ) from None
+                failures.append(Failure(*fields))
+    if len(failures) != at.failed:
+        raise DedupStateError(
+            str(sidecar),
+            f"{path} holds {len(failures)} failures, not the {at.failed} the progress file records",
+            resume=f"put back an intact {path.name}",
+        )
+    return failures
 
 
 def check_dedup_paths(
@@ -1024,8 +1276,11 @@ def _checked_job(
                 "a regular file (a resumed job cuts it back to the size it records)",
             )
     sidecar = real_path(progress_path(keep_path))
+    failures = real_path(failures_path(keep_path))
     refuse_clashing_paths(
-        [("input", paths[0])], [*outputs, ("progress file", sidecar)], Path(store_path)
+        [("input", paths[0])],
+        [*outputs, ("progress file", sidecar), ("failures file", failures)],
+        Path(store_path),
     )
     job = {
         "input": str(paths[0]),
@@ -1175,13 +1430,23 @@ def _check_input(path: Path, at: _Position, sidecar: Path) -> bool:
     return size > at.input_offset
 
 
+@dataclass(frozen=True)
+class _Outputs:
+    """Where :func:`dedup` writes: the keep, dropped and failures files, and the job's
+    failures in memory (for its report)."""
+
+    keep: IO[bytes]
+    dropped: IO[bytes]
+    failed: IO[bytes]
+    failures: list[Failure]
+
+
 def _dedup_batch(
     store: Store,
     lines: list[tuple[int, bytes]],
     end: tuple[int, int, str],
     at: _Position,
-    keep: IO[bytes],
-    dropped: IO[bytes],
+    outputs: _Outputs,
     job: dict[str, Any],
     sidecar: Path,
     threshold: float | None,
@@ -1193,18 +1458,20 @@ def _dedup_batch(
     new.batches += 1
     parsed: dict[int, tuple[bytes, dict[str, Any]]] = {}
     records: list[Record] = []
-    name = Path(job["input"]).name
+    failed: list[Failure] = []
+    name = path_text(Path(job["input"]).name)
     for number, raw in lines:
         fields = job["id_field"], job["text_field"], "utf-8", name, number
         item = parse_line(raw, f"{name}:{number}", *fields)
         if isinstance(item, Failure):
-            new.failed.append(item.fields())
+            failed.append(item)
             continue
         record, obj = item
         parsed[id(record)] = (raw, obj)
         records.append(record)
     signed, bad = _sign(store, records)
-    new.failed.extend(f.fields() for f in bad)
+    failed += bad
+    new.failed += len(failed)
     keep_out: list[bytes] = []
     dropped_out: list[bytes] = []
     probes: list[Key] = []
@@ -1228,8 +1495,11 @@ def _dedup_batch(
                 new.dropped += 1
         commits = store._read_count(txn._live, "commit_counter")
         new.store_commits = commits + 1 if keep_out else commits  # (it commits what it adds)
-        new.keep_bytes += _write_synced(keep, keep_out)
-        new.dropped_bytes += _write_synced(dropped, dropped_out)
+        new.keep_bytes += _write_synced(outputs.keep, keep_out)
+        new.dropped_bytes += _write_synced(outputs.dropped, dropped_out)
+        failed_out = [json_text(failure.fields()).encode() + b"\n" for failure in failed]
+        new.failed_bytes += _write_synced(outputs.failed, failed_out)
+        outputs.failures.extend(failed)  # counted in the report once new.failed is
         _save_state(sidecar, job, at, new, probes or None)
     return new
 
@@ -1276,14 +1546,14 @@ def _save_state(
     state = {
         "version": _STATE_VERSION,
         "job": job,
-        "committed": vars(committed),
-        "pending": None if pending is None else vars(pending),
+        "committed": committed.saved(),
+        "pending": None if pending is None else pending.saved(),
         "probe_key": probe,
         "done": done,
     }
     temporary = sidecar.with_name(sidecar.name + ".tmp")
     with temporary.open("w", encoding="utf-8") as out:
-        json.dump(state, out)
+        out.write(json_text(state))
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, sidecar)
@@ -1316,7 +1586,7 @@ def _read_state(sidecar: Path) -> tuple[dict[str, Any], _State] | None:
     if not sidecar.exists():
         return None
     try:
-        state = json.loads(sidecar.read_text(encoding="utf-8"))
+        state = _PROGRESS_DECODER.decode(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as err:  # not JSON: rerunning cannot help
         damaged = not isinstance(err, OSError)
         reason = f"unreadable progress file ({type(err).__name__}: {err})"
@@ -1330,6 +1600,12 @@ def _read_state(sidecar: Path) -> tuple[dict[str, Any], _State] | None:
         reason = f"unreadable progress file ({err})"
         raise DedupStateError(str(sidecar), reason, damaged=True) from None
     return state["job"], saved
+
+
+# Numbers as they were written (a failure's key is the input's id). Before version 4 the
+# file was written with json.dump, which turned a key past a double into Infinity: read
+# as unknown (null), since the number it was is lost.
+_PROGRESS_DECODER = json.JSONDecoder(parse_float=JSONFloat, parse_constant=lambda token: None)
 
 
 @dataclass(frozen=True)
@@ -1394,11 +1670,13 @@ def _check_job(value: object) -> None:
 
 
 def _checked_position(value: object, where: str, version: int) -> _Position:
-    """A saved position as a :class:`_Position`; older files lack the newer fields."""
+    """A saved position as a :class:`_Position`; older files lack the newer fields, and
+    before version 4 ``failed`` lists the failures themselves."""
     known = frozenset(_COUNTS) | {"failed"} | _NEWER_FIELDS.keys()
     required = known - {name for name, since in _NEWER_FIELDS.items() if since > version}
     position = _fields(value, required, known, where)
-    for name in (*_COUNTS, "already_stored"):
+    counts = (*_COUNTS, "already_stored", "failed_bytes", *(("failed",) if version >= 4 else ()))
+    for name in counts:
         if name in position and not _is_count(position[name]):
             raise _StateFieldError(
                 f"{where}.{name} is {_shown(position[name])}, not a whole number of 0 or more"
@@ -1411,12 +1689,14 @@ def _checked_position(value: object, where: str, version: int) -> _Position:
         raise _StateFieldError(
             f"{where}.store_commits is {_shown(commits)}, not a whole number of 0 or more, or null"
         )
+    if version >= 4:
+        return _Position(**position)
     failed = position["failed"]
     if not isinstance(failed, list):
         raise _StateFieldError(f"{where}.failed is {_shown(failed)}, not a list")
     for number, fields in enumerate(failed):
         _check_failure(fields, f"{where}.failed[{number}]")
-    return _Position(**position)
+    return _Position(**{**position, "failed": len(failed), "old_failures": failed})
 
 
 def _check_failure(fields: object, where: str) -> None:

@@ -16,14 +16,18 @@ a process that only opens a store and queries by signature never pays for it. Co
 code is cached on disk (``cache=True``: in ``__pycache__`` beside this file, or in the
 user's cache directory when that is read-only; ``NUMBA_CACHE_DIR`` overrides both), so a
 later process loads it in a fraction of a second instead of compiling for about 1.5 s.
+A Ctrl-C while that happens is held back until it is done (:func:`_interrupts_held`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
 import threading
-from types import SimpleNamespace
+from collections.abc import Iterator
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -186,25 +190,103 @@ def compile_loops(loops: dict[str, Any], nogil: bool = True) -> SimpleNamespace:
 
     Where numba finds no writable cache directory (a read-only install and home, as in
     some containers) it refuses ``cache=True``; the loops are then compiled in every
-    process instead of failing.
+    process instead of failing. numba compiles (or loads) a loop at its first call with
+    new argument types; a Ctrl-C is held back during that, as during the import.
     """
-    numba = _import_numba()
+    with _interrupts_held():
+        numba = _import_numba()
 
-    def build(cache: bool) -> SimpleNamespace:
-        jit = numba.njit(cache=cache, nogil=nogil)
-        return SimpleNamespace(**{name: jit(loop) for name, loop in loops.items()})
+        def build(cache: bool) -> SimpleNamespace:
+            jit = numba.njit(cache=cache, nogil=nogil)
+            return SimpleNamespace(
+                **{name: _holding_interrupts(jit(loop)) for name, loop in loops.items()}
+            )
 
+        try:
+            return build(cache=True)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            return build(cache=False)
+
+
+def _holding_interrupts(dispatcher: Any) -> Any:
+    """``dispatcher`` with its compilations run under :func:`_interrupts_held`.
+
+    numba's dispatcher (C code, ``compile_and_invoke`` in ``numba/_dispatcher.cpp``) looks
+    ``_compile_for_args`` up on the instance whenever a call finds no compiled version for
+    its argument types, and that method compiles or loads one. Wrapping it there holds a
+    Ctrl-C back exactly while a loop is compiled or loaded, at no cost to later calls
+    (a wrapper around every call would add microseconds to each band-cache probe).
+    """
+    compile_for_args = dispatcher._compile_for_args
+
+    def compile_holding_interrupts(*args: Any, **kws: Any) -> Any:
+        with _interrupts_held():
+            return compile_for_args(*args, **kws)
+
+    dispatcher._compile_for_args = compile_holding_interrupts
+    return dispatcher
+
+
+class _HeldInterrupt:
+    """A SIGINT handler that only notes the signal (see :func:`_interrupts_held`)."""
+
+    def __init__(self) -> None:
+        self.frame: FrameType | None = None
+        self.arrived = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.arrived, self.frame = True, frame
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Run the block with Ctrl-C held back, then hand it to the SIGINT handler found.
+
+    While numba loads or compiles, llvmlite calls back into Python through ctypes
+    (``ExecutionEngine._raw_object_cache_notify`` / ``_getbuffer``). An exception raised
+    in such a callback, as the ``KeyboardInterrupt`` of a Ctrl-C that arrives then, is
+    printed as "Exception ignored" and dropped: the command went on and exited 0
+    (review 41). Here, a handler that only takes note replaces the Python SIGINT handler
+    for the block; on the way out (also on an exception) the previous one is put back and
+    called once if a SIGINT came, so the default one raises ``KeyboardInterrupt`` as the
+    block returns.
+
+    A Python handler, not a blocked signal mask: ``pthread_sigmask`` acts on one thread,
+    and the kernel hands a SIGINT to any thread that does not block it, after which
+    CPython runs the handler in the main thread anyway, inside the callback if that is
+    where the main thread is. Python runs signal handlers only in the main thread, so
+    other threads have nothing to hold back and run the block as it is; so does a process
+    where SIGINT is ignored, left to the default action (which ends the process), or
+    handled by C code (which Python could not put back).
+    """
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or isinstance(previous, _HeldInterrupt):
+        yield  # nothing to hold back, or an outer block holds it already
+        return
+    held: _HeldInterrupt | None = _HeldInterrupt()
     try:
-        return build(cache=True)
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return build(cache=False)
+        signal.signal(signal.SIGINT, held)
+    except ValueError:  # the main thread of a subinterpreter: handlers are not its own
+        held = None
+    try:
+        yield
+    finally:
+        if held is not None:
+            if signal.getsignal(signal.SIGINT) is held:  # not replaced by the block itself
+                signal.signal(signal.SIGINT, previous)
+            if held.arrived:
+                previous(signal.SIGINT, held.frame)
 
 
 def _import_numba() -> Any:
     """numba, imported whole or not at all. An exception while it imports (a Ctrl-C in the
     half second the first signing or cached query spends there) leaves its modules half
     made in ``sys.modules``, where every later import finds them and fails with a raw
-    ``AttributeError``; they are dropped, so that the next call imports numba again."""
+    ``AttributeError``; they are dropped, so that the next call imports numba again.
+    (:func:`compile_loops` holds a Ctrl-C in the main thread back until the import is
+    done; any other exception still arrives here.)"""
     try:
         import numba
     except BaseException:

@@ -38,6 +38,7 @@ import itertools
 import os
 import resource
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -366,6 +367,7 @@ class Store:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
             if not self.read_only:
                 _remove_compaction_leftovers(self.path)
+        _make_as_data(self.path / "lock.mdb")  # else LMDB makes it with self.mode
         try:
             env = lmdb.open(
                 str(self.path),
@@ -419,6 +421,7 @@ class Store:
             StorePermissionError: a read-only open finds no lock file and cannot make one.
         """
         path, file_mode = self.path / LOCK_FILE, self.mode & 0o666
+        _make_as_data(path)
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, file_mode)
         except OSError as err:
@@ -1677,12 +1680,40 @@ def _creation_lock(directory: Path, create: bool, mode: int) -> Iterator[None]:
         yield
         return
     directory.mkdir(parents=True, exist_ok=True, mode=mode)
+    _make_as_data(directory / CREATE_LOCK_FILE)
     fd = os.open(directory / CREATE_LOCK_FILE, os.O_RDWR | os.O_CREAT, mode & 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _make_as_data(path: Path) -> None:
+    """Make the lock file ``path`` of an existing store, if missing, with the group and
+    permission bits of its ``data.mdb``.
+
+    A backup holds ``data.mdb`` alone, and so does a store restored from one. Made with
+    the opener's ``mode`` (owner-only by default) and primary group, the lock files
+    would keep the rest of the group a store was made for from opening it, since even a
+    read-only open writes them. A new store's files get the mode it is made with.
+    """
+    try:
+        data = (path.parent / "data.mdb").stat()
+    except OSError:
+        return  # no store yet (or none this user can see: the open says so)
+    bits = stat.S_IMODE(data.st_mode) & 0o666
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, bits)
+    except OSError:
+        return  # there already, or not to be made here: the open that follows says why
+    try:
+        if os.fstat(fd).st_gid != data.st_gid:
+            with contextlib.suppress(PermissionError):  # a group this user is not in
+                os.fchown(fd, -1, data.st_gid)
+        os.fchmod(fd, bits)  # past the umask, and after chown, which may clear bits
+    finally:
+        os.close(fd)
 
 
 STORE_FILES = ("data.mdb", "lock.mdb", LOCK_FILE, CREATE_LOCK_FILE)

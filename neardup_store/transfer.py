@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
+import hashlib
 import io
 import lzma
 import os
@@ -117,7 +117,7 @@ def export_file(
     if target.is_dir():
         raise InvalidParameterError("path", str(target), "a file, not a directory")
     streamed = target.exists() and not target.is_file()  # a pipe or a device: as it is
-    written = target if streamed else target.with_name(f".{target.name}.partial-{os.getpid()}")
+    written = target if streamed else target.with_name(_partial_name(target, os.getpid()))
     if not streamed:
         _delete_killed_partials(target)
     try:
@@ -131,24 +131,57 @@ def export_file(
         if not streamed:
             os.replace(written, target)
     except BaseException as err:
-        if not streamed:
-            written.unlink(missing_ok=True)
+        if not streamed:  # a failure here must not hide the one that ended the export
+            with contextlib.suppress(OSError):
+                written.unlink(missing_ok=True)
         if isinstance(err, OSError):
             raise OutputWriteError(str(target), err.strerror or str(err)) from err
         raise
     return count
 
 
+_PARTIAL_NAME_MAX = 64
+"""The most bytes :func:`_partial_name` names a temporary file with: a target's name that
+the file system accepts (up to 255 bytes on most) must not be refused for its temporary
+file, which is longer."""
+
+
+def _partial_prefixes(target: Path) -> tuple[str, str]:
+    """The two prefixes, before the exporting process's id, of a temporary file of an
+    export to ``target``: its name, for a short one (and as earlier releases named every
+    one), and a fixed-length digest of it for a long one."""
+    digest = hashlib.blake2b(os.fsencode(target.name), digest_size=8).hexdigest()
+    return f".{target.name}.partial-", f".neardup-export-{digest}.partial-"
+
+
+def _partial_name(target: Path, pid: int) -> str:
+    """The temporary file's name for an export to ``target`` by process ``pid``: at most
+    :data:`_PARTIAL_NAME_MAX` bytes (the digest form is 48 at most, with a 7-digit id)."""
+    named, digested = _partial_prefixes(target)
+    if len(os.fsencode(f"{named}{pid}")) <= _PARTIAL_NAME_MAX:
+        return f"{named}{pid}"
+    return f"{digested}{pid}"
+
+
 def _delete_killed_partials(target: Path) -> None:
     """Delete the temporary files of exports to ``target`` that were killed (one that ends
-    deletes its own). An export holds a lock on its file while it writes: a file whose
-    process is alive here, or whose lock is held (an export in another PID namespace, a
-    container or another host sharing the directory), stays."""
-    prefix = f".{target.name}.partial-"
-    for partial in target.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = partial.name[len(prefix) :]
-        if not pid.isdigit() or int(pid) == os.getpid():
+    deletes its own), under either name :func:`_partial_prefixes` gives. An export holds a
+    lock on its file while it writes: a file whose process is alive here, or whose lock is
+    held (an export in another PID namespace, a container or another host sharing the
+    directory), stays."""
+    prefixes = _partial_prefixes(target)
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return  # a missing or unreadable directory: the export's own open reports it
+    for name in names:
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
             continue
+        pid = name[len(prefix) :]
+        if not (pid.isascii() and pid.isdigit()) or int(pid) == os.getpid():
+            continue  # ("²".isdigit() holds, and int() refuses it)
+        partial = target.parent / name
         try:
             os.kill(int(pid), 0)
             continue  # alive here (or another user's process)

@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import resource
+import select
 import signal
 import stat
 import subprocess
@@ -1540,13 +1541,28 @@ def _admin(*args: object, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False, **kwargs)
 
 
+def _stdout_env(buffered: bool) -> dict[str, str]:
+    """The environment for a child whose stdout is block-buffered (how users and CI start
+    Python) or not (PYTHONUNBUFFERED=1, as a developer's shell may export), so that a test
+    checks the case it names whatever the caller's environment holds."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+_BUFFERING = pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+
+
 @_needs_dev_full
+@_BUFFERING
 @pytest.mark.parametrize("command", ["pairs", "query", "clusters", "export"])
 def test_a_full_stdout_is_one_error_line_with_exit_2(
-    store_path: Path, near_dup_corpus: dict[str, str], command: str
+    store_path: Path, near_dup_corpus: dict[str, str], command: str, buffered: bool
 ) -> None:
     """A write error on stdout has no file name, so it was taken for a bug: a traceback
-    and exit 1, the code for findings (a review's finding)."""
+    and exit 1, the code for findings (a review's finding). Block-buffered, the bytes
+    left in the buffer failed again at exit: "Exception ignored" and exit 120 (review 39)."""
     args = {
         "pairs": ["pairs", store_path, "--json"],
         "query": ["query", store_path, "--text", near_dup_corpus["storm-a"], "--json"],
@@ -1554,7 +1570,7 @@ def test_a_full_stdout_is_one_error_line_with_exit_2(
         "export": ["export", store_path, "-"],
     }[command]
     with _FULL.open("wb") as full:
-        done = _admin(*args, stdout=full)
+        done = _admin(*args, stdout=full, env=_stdout_env(buffered))
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == ["Error: stdout: No space left on device"]
 
@@ -1590,19 +1606,24 @@ def test_dedup_output_that_cannot_be_written_says_what_was_committed(
 
 
 @_needs_dev_full
+@_BUFFERING
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["-q", "--help"], ["query", "--help"]])
-def test_help_and_version_follow_the_exit_codes_when_stdout_fails(args: list[str]) -> None:
+def test_help_and_version_follow_the_exit_codes_when_stdout_fails(
+    args: list[str], buffered: bool
+) -> None:
     """The group's own --help and --version, which Click runs while it parses, ended in a
     36-line traceback and exit 1 on a full stdout, and exit 1 when the reader had gone
-    (review 32); a command's --help already gave one line and exit 2, or 141."""
+    (review 32); a command's --help already gave one line and exit 2, or 141. Block-
+    buffered, a full stdout then gave exit 120 at exit's flush (review 39)."""
+    env = _stdout_env(buffered)
     with _FULL.open("wb") as full:
-        done = _admin(*args, stdout=full)
+        done = _admin(*args, stdout=full, env=env)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == ["Error: stdout: No space left on device"]
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the child starts: every write is EPIPE
     try:
-        gone = _admin(*args, stdout=write_end)
+        gone = _admin(*args, stdout=write_end, env=env)
     finally:
         os.close(write_end)
     assert (gone.returncode, gone.stderr) == (141, "")
@@ -2029,3 +2050,256 @@ def test_check_clusters_and_query_of_many_lines_show_progress(tmp_path: Path) ->
     code, shown = _on_a_terminal("query", tmp_path / "s.ndx", "--jsonl", queries)
     assert code == 0 and b"Querying" in shown and b"100%" in shown
     assert _on_a_terminal("-q", "check", tmp_path / "s.ndx") == (0, b"")
+
+
+def _an_export_of(path: Path, documents: int) -> bytes:
+    """The export of a new store at ``path`` holding ``documents`` random signatures:
+    more than one import batch (10,000) makes ``import`` draw its running count."""
+    sigs = np.random.default_rng(8).integers(0, 2**32, size=(documents, 8), dtype=np.uint32)
+    with Store.open(path, create=True, num_perm=8, bands=2, rows=4) as store:
+        store.add_signatures([(f"d{i}", sig) for i, sig in enumerate(sigs)])
+        stream = io.BytesIO()
+        store.export(stream)
+    return stream.getvalue()
+
+
+def test_an_import_that_fails_after_its_count_was_drawn_starts_the_error_on_a_line_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The running count had no newline when the import failed, so the terminal showed
+    "Importing: 10000 documentsError: cannot import: ..." (a review's finding)."""
+    data = _an_export_of(tmp_path / "s.ndx", 12_000)
+    cut = tmp_path / "cut.export"
+    cut.write_bytes(data[: len(data) * 9 // 10])
+    code, shown = _on_a_terminal("import", cut, tmp_path / "new.ndx")
+    assert code == 2
+    assert shown.startswith(b"\rImporting: 10000 documents\r\nError: cannot import: the stream")
+    assert not (tmp_path / "new.ndx").exists()
+
+
+def test_an_import_interrupted_after_its_count_was_drawn_says_so_on_a_line_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C gave "Importing: 10000 documentsinterrupted" (a review's finding)."""
+    data = _an_export_of(tmp_path / "s.ndx", 12_000)
+    leader, follower = pty.openpty()
+    command = [sys.executable, "-m", "neardup_store", "import", "-", str(tmp_path / "new.ndx")]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=follower)  # fmt: skip
+    os.close(follower)
+    assert child.stdin is not None
+    child.stdin.write(data[: len(data) * 9 // 10])  # a batch and more; the rest never comes
+    child.stdin.flush()
+    shown = b""
+    try:
+        while b"documents" not in shown:  # the first batch is committed and counted
+            assert select.select([leader], [], [], 120)[0], shown  # (no hang if it never is)
+            shown += os.read(leader, 65536)
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=120) == 130
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end is closed: all is read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        child.kill()
+        child.wait()
+        child.stdin.close()
+        os.close(leader)
+    assert shown.startswith(b"\rImporting: 10000 documents\r\ninterrupted\r\n"), shown
+    assert not (tmp_path / "new.ndx").exists()
+
+
+def test_import_into_a_directory_with_other_files_advises_a_new_or_empty_one_not_init(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """It advised making a store there "with `neardup-admin init`", whose default
+    parameters an export made with others does not fit: the import was then refused (a
+    review's finding). Import makes the store itself, in a new or empty directory."""
+    export = tmp_path / "x.export"
+    export.write_bytes(_an_export_of(tmp_path / "s.ndx", 3))
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    refused = runner.invoke(cli, ["import", str(export), str(target)])
+    assert refused.exit_code == 2
+    assert refused.output == (
+        f"Error: {target}: not a neardup_store store (no store, but other files: "
+        "'notes.txt'); point at a store directory, or at an empty or new directory (import "
+        "makes the store there, with the export's parameters)\n"
+    )
+    foreign = lmdb.open(str(tmp_path / "foreign"))  # another application's environment
+    with foreign.begin(write=True) as txn:
+        txn.put(b"key", b"value")
+    foreign.close()
+    refused = runner.invoke(cli, ["import", str(export), str(tmp_path / "foreign")])
+    assert refused.exit_code == 2 and "init" not in refused.output
+    assert refused.output.endswith("(import makes the store there, with the export's parameters)\n")
+    (tmp_path / "empty").mkdir()
+    for where in (tmp_path / "empty", tmp_path / "new"):
+        done = runner.invoke(cli, ["import", str(export), str(where)])
+        assert done.exit_code == 0, done.output
+        with Store.open(where, read_only=True) as store:
+            assert sorted(store) == ["d0", "d1", "d2"] and store.config.num_perm == 8
+
+
+# -- review 41 ------------------------------------------------------------------------------
+
+
+def _strict_json(line: str) -> Any:
+    """``line`` as JSON, refusing NaN and Infinity as JavaScript's JSON.parse does."""
+
+    def refuse(token: str) -> Any:
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_numbers_past_a_double_and_nan_give_json_output(runner: CliRunner, tmp_path: Path) -> None:
+    """1e400 is valid JSON: it came back as the bare token Infinity in dedup --dropped and
+    as the key of --json failure records of add, dedup and query; a NaN token was taken
+    as input (review 41 #1). Now numbers are written as they were read, and NaN makes its
+    line malformed, as any other line that is not JSON."""
+    text = "the quick brown fox jumps over the lazy dog"
+    not_json = f'{{"id": "c", "text": "{text} and more", "size": NaN}}'
+    archive = tmp_path / "in.jsonl"
+    archive.write_text(
+        f'{{"id": "a", "text": "{text}", "size": 1e400}}\n'
+        f'{{"id": "b", "text": "{text}", "size": 1e400, "r": 0.1000000000000000000001}}\n'
+        '{"id": 1e400, "body": "no text field"}\n'
+        f"{not_json}\n"
+    )
+    store, dropped = tmp_path / "s.ndx", tmp_path / "d.jsonl"
+    outputs = {
+        "dedup": _run(runner, "dedup", archive, "--store", store, "--keep",
+                      tmp_path / "k.jsonl", "--dropped", dropped, "--json"),
+        "add": _run(runner, "add", store, archive, "--jsonl", "--json"),
+        "query": _run(runner, "query", store, "--jsonl", archive, "--json"),
+    }  # fmt: skip
+    assert dropped.read_text() == (
+        f'{{"id": "b", "text": "{text}", "size": 1e400, "r": 0.1000000000000000000001, '
+        '"duplicate_of": "a", "score": 1.0}\n'
+    )
+    for command, result in outputs.items():
+        assert result.exit_code == 1, (command, result.output)
+        records = [_strict_json(line) for line in result.stdout.splitlines()]
+        failed = [record["failed"] for record in records if "failed" in record]
+        assert [(f["line"], f["key"], f["error"]) for f in failed] == [
+            (3, float("inf"), "KeyError"),  # how Python reads 1e400
+            (4, None, "JSONDecodeError"),
+        ], command
+        assert '"key": 1e400,' in result.stdout, command  # as it was written
+        column = not_json.index("NaN") + 1
+        assert failed[1]["message"] == f"malformed JSON (NaN is not JSON at column {column})"
+
+
+def test_add_keys_a_file_whose_name_is_not_utf8_by_its_bytes(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """add refused a Latin-1 file name ("not encodable as UTF-8"), with no way out, and its
+    failure record held lone surrogates, which strict JSON parsers refuse (review 41 #5).
+    The key is now the path's bytes: printed as hex:, which remove takes back."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    latin = os.fsencode(docs) + b"/r\xe9sum\xe9.txt"
+    try:
+        with open(latin, "wb") as out:
+            out.write(b"curriculum vitae of a person with a long list of jobs and skills")
+        with open(os.fsencode(docs) + b"/emp\xe9.txt", "wb"):
+            pass
+    except OSError:
+        pytest.skip("this file system takes only UTF-8 names")
+    (docs / "plain.txt").write_text("a second document with other words entirely in it")
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store).exit_code == 0
+    added = _run(runner, "add", store, docs, "--json")
+    assert added.exit_code == 1, added.output  # the empty file
+    (failed, summary) = [_strict_json(line) for line in added.stdout.splitlines()]
+    shown = f"{docs}/emp\\xe9.txt"
+    assert failed["failed"] == {
+        "source": shown,
+        "file": shown,
+        "line": None,
+        "key": "hex:" + (os.fsencode(docs) + b"/emp\xe9.txt").hex(),
+        "error": "EmptyDocumentError",
+        "message": "empty document",
+    }
+    assert summary["summary"]["added"] == 2
+    assert "\\ud" not in added.stdout
+    found = _run(runner, "query", store, "--file", os.fsdecode(latin), "--json")
+    assert found.exit_code == 0, found.output
+    key = "hex:" + latin.hex()
+    assert _strict_json(found.stdout) == {"query": key, "key": key, "score": 1.0}
+    removed = _run(runner, "remove", store, key)
+    assert removed.exit_code == 0, removed.output
+    with Store.open(store, read_only=True) as opened:
+        assert list(opened) == [str(docs / "plain.txt")]
+
+
+_SIGINT_AT_THE_THIRD_COMMIT = """
+import os, signal, sys
+from neardup_store import _faults
+from neardup_store.cli import main
+
+checkpoint, seen = _faults.checkpoint, []
+
+def interrupting(name):
+    checkpoint(name)
+    if name == "after-commit":
+        seen.append(name)
+        if len(seen) == 3:  # LMDB's commit of the third batch has returned
+            os.kill(os.getpid(), signal.SIGINT)
+
+_faults.checkpoint = interrupting
+sys.argv = ["neardup-admin", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("command", ["dedup", "add --replace"])
+def test_ctrl_c_during_a_batch_commit_counts_that_batch(tmp_path: Path, command: str) -> None:
+    """A real SIGINT that arrives while a batch commits is raised once the commit has
+    returned, marked transaction_committed: dedup, and add --replace of a batch that only
+    replaced keys, said one batch fewer than the store had committed (review 41 #2)."""
+    archive = tmp_path / "in.jsonl"
+    with archive.open("w") as out:
+        for i in range(60):
+            words = " ".join(f"w{i}x{j}" for j in range(30))
+            out.write(json.dumps({"id": f"d{i}", "text": f"document {i} {words}"}) + "\n")
+    store = tmp_path / "s.ndx"
+    if command == "dedup":
+        Store.open(store, create=True, num_perm=32).close()
+        args = ["dedup", str(archive), "--store", str(store), "--keep", str(tmp_path / "k"),
+                "--dropped", str(tmp_path / "d")]  # fmt: skip
+    else:
+        with Store.open(store, create=True, num_perm=32) as opened:
+            opened.add_many((f"d{i}", f"an older text {i} of the document") for i in range(60))
+        args = ["add", str(store), str(archive), "--jsonl", "--replace"]
+    before = commit_counter(store)
+    process = subprocess.run(
+        [sys.executable, "-c", _SIGINT_AT_THE_THIRD_COMMIT, *args, "--batch-size", "10"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        timeout=120,
+    )
+    assert process.returncode == 130, process.stderr
+    assert commit_counter(store) - before == 3
+    assert process.stderr.splitlines()[-1] == (
+        "interrupted: 3 batches committed, nothing half-applied"
+    )
+    if command == "dedup":  # and the next run goes on after those three
+        assert len((tmp_path / "k").read_text().splitlines()) == 30
+        again = subprocess.run(
+            [sys.executable, "-m", "neardup_store", *args, "--batch-size", "10", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["summary"]["resumed_from_line"] == 30
+        assert len((tmp_path / "k").read_text().splitlines()) == 60

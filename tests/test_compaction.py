@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from harness import LineDrivenProcess, Model, logical_dump, raw_dump
 
 from neardup_store.demo import make_corpus
 from neardup_store.errors import StoreBusyError
 from neardup_store.minhash import MinHashConfig, MinHasher
 from neardup_store.store import Store
-from tests.harness import LineDrivenProcess, Model, logical_dump, raw_dump
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}

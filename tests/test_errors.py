@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
+import os
 import pickle
+import signal
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -16,6 +21,7 @@ from neardup_store.errors import (
     InvalidParameterError,
     KeyNotFoundError,
     NeardupError,
+    OutputWriteError,
     ParamsMismatchError,
 )
 from neardup_store.lsh import LSHParams, choose_params
@@ -121,3 +127,62 @@ def test_numpy_numbers_are_taken_by_choose_params_stats_and_batch_sizes(tmp_path
     with Store.open(tmp_path / "s", create=True) as store:
         assert store.add_many([("a", "one text"), ("b", "one text")], batch_size=np.int64(1)) == 2
         assert len(store.stats(largest=np.int32(1)).largest_buckets) == 1
+
+
+_KILLED_EXPORT = """
+import os, signal, sys
+from neardup_store import Store
+with Store.open(sys.argv[1], read_only=True) as store:
+    store.export_file(sys.argv[2], progress=lambda done: os.kill(os.getpid(), signal.SIGKILL))
+"""
+
+
+def test_an_export_to_a_long_name_is_written_and_the_next_deletes_a_killed_ones_partial(
+    tmp_path: Path,
+) -> None:
+    """A name of 241-255 bytes, which the file system accepts, failed: the temporary name
+    beside it was 15 bytes longer, too long (a review's finding). Partials named as earlier
+    releases named them are still deleted."""
+    with Store.open(tmp_path / "s", create=True, num_perm=16) as store:
+        store.add_many([("a", "some text here"), ("b", "another text there")])
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    long = exports / ("e" * 245)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(tmp_path / "s"), str(long)], timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = exports.iterdir()
+    assert len(os.fsencode(left.name)) <= 64 and not long.exists()
+    middling = exports / ("m" * 60)  # a partial of 71 bytes or more, as earlier releases made
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    older = exports / f".{middling.name}.partial-{gone.stdout.strip()}"
+    older.write_bytes(b"")
+    with Store.open(tmp_path / "s", read_only=True) as store:
+        assert store.export_file(long) == 2 and store.export_file(middling) == 2
+    assert sorted(p.name for p in exports.iterdir()) == sorted([long.name, middling.name])
+    with long.open("rb") as stream, Store.create_from_export(tmp_path / "copy", stream) as copy:
+        assert sorted(copy) == ["a", "b"]
+
+
+def test_an_export_whose_cleanup_fails_too_raises_the_typed_error_of_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing unlink of the temporary file replaced the OutputWriteError with its own
+    raw OSError, about a file the caller never named (a review's finding)."""
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def refused(path: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    with Store.open(tmp_path / "s", create=True, num_perm=16) as store:
+        store.add("a", "some text here")
+        monkeypatch.setattr(os, "fsync", full)
+        monkeypatch.setattr(Path, "unlink", refused)
+        with pytest.raises(OutputWriteError) as raised:
+            store.export_file(tmp_path / "out.export")
+    assert raised.value.detail == os.strerror(errno.ENOSPC)
+    assert not (tmp_path / "out.export").exists()

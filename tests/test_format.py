@@ -12,6 +12,7 @@ import datetime
 import io
 import pickle
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -908,3 +909,105 @@ def test_a_banding_that_contradicts_its_format_is_a_corrupt_store(
     rewrite_sealed_meta(path, change)
     with pytest.raises(CorruptStoreError, match=problem):
         Store.open(path)
+
+
+# -- a corrupt store's advice ------------------------------------------------------------------
+
+
+def _edit_meta_unsealed(path: Path, edit: Callable[[lmdb.Transaction, Any], None]) -> None:
+    """Apply ``edit(txn, meta_db)`` to the closed store at ``path`` without sealing again."""
+    env = lmdb.open(str(path), max_dbs=64)
+    try:
+        with env.begin(write=True) as txn:
+            edit(txn, env.open_db(codec.META_DB, txn=txn, create=False))
+    finally:
+        env.close()
+
+
+def _another_seed(txn: lmdb.Transaction, meta_db: Any) -> None:
+    config = codec.unpack_meta(txn.get(b"config", db=meta_db))
+    txn.put(b"config", codec.pack_meta({**config, "seed": config["seed"] + 1}), db=meta_db)
+
+
+def _drop_a_band_table(path: Path) -> None:
+    env = lmdb.open(str(path), max_dbs=64)
+    try:
+        with env.begin(write=True) as txn:
+            txn.drop(env.open_db(codec.band_table_name(0, 0), txn=txn, create=False))
+    finally:
+        env.close()
+
+
+_DAMAGES: dict[str, Callable[[Path], None]] = {
+    "checksum": lambda path: _edit_meta_unsealed(path, _another_seed),
+    "undecodable": lambda path: _edit_meta_unsealed(
+        path, lambda txn, db: txn.put(b"banding", b"\xc1", db=db)
+    ),
+    "missing": lambda path: _edit_meta_unsealed(
+        path, lambda txn, db: txn.delete(b"banding", db=db)
+    ),
+    "table": _drop_a_band_table,
+    # Raised by the first write, on a store that opens: its detail names the repair.
+    "count": lambda path: _edit_meta_unsealed(
+        path, lambda txn, db: txn.put(b"commit_counter", codec.pack_meta("x"), db=db)
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGES))
+def test_every_way_a_corrupt_store_error_advises_works_when_followed_on_a_copy(
+    tmp_path: Path, damage: str
+) -> None:
+    """It advised "export what is readable from a copy and import it into a new store",
+    but an export opens the store first, and the open is what fails: the export failed
+    alike, with the same error (a review's finding). So does ``check --repair``."""
+    path, saved = tmp_path / "store", tmp_path / "saved"
+    documents = [(f"k{i}", f"document number {i} of a small corpus") for i in range(30)]
+    with Store.open(path, create=True, num_perm=16, bands=4, rows=4) as store:
+        store.add_many(documents)
+        store.backup(saved)
+    _DAMAGES[damage](path)
+    with pytest.raises(CorruptStoreError) as raised, Store.open(path) as store:
+        store.add("late", "a document added after the damage")
+    advice = str(raised.value)
+
+    def copy(name: str) -> Path:
+        shutil.copytree(path, tmp_path / name)
+        return tmp_path / name
+
+    def restored() -> Store:  # as the README says: the store aside, the backup in its place
+        restoring = copy("restoring")
+        restoring.rename(tmp_path / "aside")
+        shutil.copytree(saved, restoring)
+        return Store.open(restoring)
+
+    def repaired() -> Store:
+        with Store.open(copy("repairing")) as store:
+            store.check(repair=True)
+        return Store.open(tmp_path / "repairing")
+
+    def exported() -> Store:
+        with Store.open(copy("exporting"), read_only=True) as store:
+            store.export_file(tmp_path / "salvaged.export")
+        with (tmp_path / "salvaged.export").open("rb") as stream:
+            return Store.create_from_export(tmp_path / "imported", stream)
+
+    def added_again() -> Store:
+        store = Store.open(tmp_path / "anew", create=True, num_perm=16, bands=4, rows=4)
+        store.add_many(documents)
+        return store
+
+    ways = {
+        "restore it from a backup": restored,
+        "check --repair": repaired,
+        "export": exported,
+        "add its documents again to a new store": added_again,
+    }
+    offered = [way for way in ways if way in advice]
+    assert "restore it from a backup" in offered and "export" not in offered, advice
+    assert ("check --repair" in offered) == (damage == "count"), advice
+    for way in offered:
+        with ways[way]() as store:
+            assert sorted(store) == sorted(key for key, _ in documents), way
+            store.add("late", "a document added after the damage")
+            assert store.check().ok, way

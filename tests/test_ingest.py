@@ -610,6 +610,38 @@ def _in_committed(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return lambda state: {"committed": {**state["committed"], **fields}}
 
 
+def _in_version_3(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Damage to a finished job's file in the layout of version 3, whose positions list
+    their failures themselves."""
+
+    def damage(state: dict[str, Any]) -> dict[str, Any]:
+        committed = {k: v for k, v in state["committed"].items() if k != "failed_bytes"}
+        return {"version": 3, "committed": {**committed, **fields}}
+
+    return damage
+
+
+def _as_version_3(state: dict[str, Any], keep: Path) -> dict[str, Any]:
+    """A version 4 progress file's state as the release before wrote it: each position
+    lists its failures, which version 4 keeps in the failures file."""
+    data = ingest_module.failures_path(keep).read_bytes()
+
+    def old(position: dict[str, Any] | None) -> dict[str, Any] | None:
+        if position is None:
+            return None
+        failed = [json.loads(line) for line in data[: position["failed_bytes"]].splitlines()]
+        assert len(failed) == position["failed"]
+        kept = {k: v for k, v in position.items() if k != "failed_bytes"}
+        return {**kept, "failed": failed}
+
+    return {
+        **state,
+        "version": 3,
+        "committed": old(state["committed"]),
+        "pending": old(state["pending"]),
+    }
+
+
 # Damage to a finished job's progress file (the version stays valid): each entry gives the
 # fields it replaces.
 _DAMAGES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -630,9 +662,14 @@ _DAMAGES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "keep_bytes is negative": _in_committed(keep_bytes=-1),
     "input_offset is a float": _in_committed(input_offset=10.0),
     "input_tail is not a digest": _in_committed(input_tail=5),
-    "failed is not a list": _in_committed(failed={}),
-    "a failure is too short": _in_committed(failed=[["x"]]),
-    "a failure's line is text": _in_committed(failed=[["a", "b", None, "3"]]),
+    "failed is not a count": _in_committed(failed={}),
+    "failed_bytes is negative": _in_committed(failed_bytes=-1),
+    "failed_bytes is missing": lambda state: {
+        "committed": {k: v for k, v in state["committed"].items() if k != "failed_bytes"}
+    },
+    "failed is not a list (version 3)": _in_version_3(failed=3),
+    "a failure is too short": _in_version_3(failed=[["x"]]),
+    "a failure's line is text": _in_version_3(failed=[["a", "b", None, "3"]]),
     "pending lacks fields": lambda state: {"pending": {"kept": 1}, "probe_key": None},
 }
 
@@ -684,7 +721,8 @@ def test_dedup_resumes_from_a_version_1_progress_file(
         with pytest.raises(Interrupted):
             _dedup(store, archive, out, batch_size=16, on_batch=_stop_at(3))
         sidecar = progress_path(out / "keep.jsonl")
-        state = json.loads(sidecar.read_text())
+        state = _as_version_3(json.loads(sidecar.read_text()), out / "keep.jsonl")
+        ingest_module.failures_path(out / "keep.jsonl").unlink()  # version 1 had none
         old = {
             k: v for k, v in state["committed"].items() if k not in ("already_stored", "input_tail")
         }
@@ -882,8 +920,8 @@ def test_dedup_resumes_a_version_2_progress_file_unchecked(tmp_path: Path, archi
     with Store.open(store_dir, create=True, threshold=0.7) as store:
         first = _dedup(store, archive, out, batch_size=16)
         sidecar = progress_path(out / "keep.jsonl")
-        state = json.loads(sidecar.read_text())
-        assert state["version"] == 3 and state["committed"]["store_commits"] > 0
+        state = _as_version_3(json.loads(sidecar.read_text()), out / "keep.jsonl")
+        assert state["committed"]["store_commits"] > 0
         for name in ("committed", "pending"):
             if state[name] is not None:
                 state[name].pop("store_commits")
@@ -918,3 +956,207 @@ def test_dedup_advises_putting_back_an_output_cut_short(
         _dedup(store, archive, out, batch_size=40)
     assert f"put back the complete {output} to resume" in str(caught.value)
     assert "rerun" not in str(caught.value)
+
+
+# -- review 41: JSON numbers, file names that are not UTF-8, the progress file's cost -------
+
+
+def _strict_json(line: str | bytes) -> Any:
+    """``line`` as JSON, refusing the NaN/Infinity tokens that Python's json takes (as
+    JavaScript's JSON.parse, serde_json and Go refuse them)."""
+
+    def refuse(token: str) -> Any:
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_dedup_writes_numbers_back_as_written_and_refuses_nan(tmp_path: Path, store: Store) -> None:
+    """A number past a double (1e400, valid JSON) came back as the bare token Infinity in
+    a dropped line, 0.1000000000000000000001 as 0.1, and NaN was taken as input (review
+    41 #1). A failure's key (the line's id) keeps its text through an interrupted and
+    resumed run, since the failures are kept between runs."""
+    text = "the quick brown fox jumps over the lazy dog " * 3
+    numbers = '"size": 1e400, "r": 0.1000000000000000000001, "n": [-0.0, 1E+2]'
+    bad = '{"id": "c", "text": "other words entirely", "bad": NaN}'
+    archive = tmp_path / "in.jsonl"
+    archive.write_text(
+        f'{{"id": "a", "text": "{text}", {numbers}}}\n'
+        f'{{"id": "b", "text": "{text}", {numbers}}}\n'
+        '{"id": 1e400, "body": "no text field"}\n'
+        f"{bad}\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Interrupted):
+        _dedup(store, archive, out, batch_size=1, on_batch=_stop_at(3))
+    report = _dedup(store, archive, out, batch_size=1)
+    assert (out / "dropped.jsonl").read_text() == (
+        f'{{"id": "b", "text": "{text}", {numbers}, "duplicate_of": "a", "score": 1.0}}\n'
+    )
+    _strict_json((out / "dropped.jsonl").read_bytes())
+    assert [(f.line, f.error) for f in report.failed] == [(3, "KeyError"), (4, "JSONDecodeError")]
+    assert ingest_module.json_text({"key": report.failed[0].key}) == '{"key": 1e400}'
+    column = bad.index("NaN") + 1
+    assert report.failed[1].reason == f"malformed JSON (NaN is not JSON at column {column})"
+
+
+def test_json_text_writes_no_nan_or_infinity() -> None:
+    """Every JSON line goes through json_text, which wrote a float that is not finite as
+    NaN or Infinity (review 41 #1): now that is an error, never invalid output."""
+    for number in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            ingest_module.json_text({"failed": {"key": [number]}})
+    record = {"a": [1, {"b": None, "c": True}], "d": "é", "e": 0.25, "f": {}, "g": []}
+    assert ingest_module.json_text(record) == json.dumps(record, ensure_ascii=False)
+
+
+def _make_file(path: bytes, data: bytes) -> None:
+    try:
+        with open(path, "wb") as out:
+            out.write(data)
+    except OSError:
+        pytest.skip("this file system takes only UTF-8 names")
+
+
+def test_a_file_name_that_is_not_utf8_keys_its_document_by_the_path_bytes(
+    tmp_path: Path, store: Store
+) -> None:
+    """A Latin-1 name got a str key with surrogate escapes, which the store refused, and
+    its failure's source held them, which strict JSON parsers refuse (review 41 #5): the
+    key is now the path's bytes, and where a failure names the file, each byte that is
+    not UTF-8 is written \\xNN."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    resume, empty = os.fsencode(root) + b"/r\xe9sum\xe9.txt", os.fsencode(root) + b"/emp\xe9.txt"
+    _make_file(resume, b"curriculum vitae of a person with a long list of jobs")
+    _make_file(empty, b"")
+    plain = str(root / "plain.txt")
+    Path(plain).write_text("a second document with other words entirely in it")
+    items = list(read_inputs([root, root / "emp\udce9.txt"]))  # walked, and named
+    shown, shown_empty = str(root) + "/r\\xe9sum\\xe9.txt", str(root) + "/emp\\xe9.txt"
+    assert [(r.key, r.source, r.file) for r in items if isinstance(r, Record)] == [
+        (empty, shown_empty, shown_empty),
+        (plain, plain, plain),
+        (resume, shown, shown),
+        (empty, shown_empty, shown_empty),
+    ]
+    report = ingest(store, items)
+    assert (report.added, [f.source for f in report.failed]) == (2, [shown_empty] * 2)
+    assert resume in store and plain in store
+    names = ingest_module.json_text([[f.source, f.file] for f in report.failed])
+    assert "\\ud" not in names and names.encode("utf-8")  # no lone surrogate, escaped or not
+
+
+def test_dedup_progress_file_costs_the_same_every_batch_however_many_lines_failed(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every failure so far was in the progress file, rewritten twice a batch: 20k failed
+    lines in batches of 200 wrote 250 MB to it (review 41 #4). Now it records counts and
+    sizes, and the failed lines are appended once to the failures file."""
+    archive = tmp_path / "in.jsonl"
+    row = {"body": "the text is under another field name"}
+    archive.write_text("".join(json.dumps({"id": f"k{i}", **row}) + "\n" for i in range(400)))
+    real_save = ingest_module._save_state
+    sizes: dict[bool, list[int]] = {True: [], False: []}  # by whether a batch is pending
+
+    def measured(sidecar: Path, *args: Any, **kwargs: Any) -> None:
+        real_save(sidecar, *args, **kwargs)
+        sizes[args[2] is not None].append(sidecar.stat().st_size)
+
+    monkeypatch.setattr(ingest_module, "_save_state", measured)
+    report = _dedup(store, archive, tmp_path, batch_size=10)
+    assert len(report.failed) == 400 and report.batches_committed == 40
+    assert len(sizes[True]) == 40 and len(sizes[False]) == 41  # and the final "done"
+    for written in sizes.values():  # only the counts' digits grow
+        assert max(written) - min(written) < 64, written
+    lines = ingest_module.failures_path(tmp_path / "keep.jsonl").read_bytes().splitlines()
+    assert [Failure(*json.loads(line)) for line in lines] == report.failed
+
+
+def test_dedup_counts_a_batch_interrupted_after_its_commit_and_resumes_a_version_3_file(
+    tmp_path: Path, archive: Path, archive_lines: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C after batch 3 committed, before the progress file said so, was reported as
+    2 batches committed (review 41 #2). That progress file, put in the layout of the
+    release before (version 3, which listed every failure, the pending batch's too),
+    resumes to the outputs and failures of an uninterrupted run."""
+    missing_text = '{"id": "x"}'
+    lines = [*archive_lines[:20], "{not json", *archive_lines[20:40], missing_text]
+    archive.write_text("\n".join([*lines, *archive_lines[40:]]) + "\n")
+    expected, reference = _reference_run(tmp_path, archive, batch_size=16)
+    assert [f.line for f in expected.failed] == [21, 42]  # in batches 2 and 3
+    real_save = ingest_module._save_state
+
+    def interrupting_save(
+        sidecar: Path, job: Any, committed: Any, pending: Any, *rest: Any
+    ) -> None:
+        if pending is None and committed.batches == 3:  # its commit has returned
+            raise KeyboardInterrupt
+        real_save(sidecar, job, committed, pending, *rest)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        monkeypatch.setattr(ingest_module, "_save_state", interrupting_save)
+        with pytest.raises(Interrupted) as caught:
+            _dedup(store, archive, out, batch_size=16)
+        monkeypatch.setattr(ingest_module, "_save_state", real_save)
+        assert caught.value.batches_committed == 3
+        assert [f.line for f in caught.value.report.failed] == [21, 42]
+        sidecar = progress_path(out / "keep.jsonl")
+        state = json.loads(sidecar.read_text())
+        assert state["pending"]["batches"] == 3 and state["committed"]["batches"] == 2
+        sidecar.write_text(json.dumps(_as_version_3(state, out / "keep.jsonl")))
+        ingest_module.failures_path(out / "keep.jsonl").unlink()  # version 3 had none
+        report = _dedup(store, archive, out, batch_size=16)
+    assert (report.kept, report.dropped, report.failed) == (
+        expected.kept,
+        expected.dropped,
+        expected.failed,
+    )
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+    assert json.loads(sidecar.read_text())["version"] == 4
+
+
+_FAILURES_DAMAGES: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
+    # what is done to the failures file, and what the error says
+    "garbled": ("is damaged", lambda data: data.replace(b"[", b"{", 1)),
+    "a line blanked": ("is damaged", lambda data: data[: data.index(b"\n") + 1].ljust(len(data))),
+    "cut short": ("put back the complete", lambda data: data[:-1]),
+    "deleted": ("put back the complete", lambda data: b""),
+}
+
+
+@pytest.mark.parametrize("damage", list(_FAILURES_DAMAGES))
+def test_dedup_refuses_a_damaged_failures_file(store: Store, archive: Path, damage: str) -> None:
+    """The failures file is checked as the progress file is: a resumed report must not
+    lose or invent failures, and the advice names the file to put back."""
+    archive.write_text(archive.read_text() + "{not json\n" + '{"id": "x"}\n')
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=40)
+    failures = ingest_module.failures_path(out / "keep.jsonl")
+    expected, change = _FAILURES_DAMAGES[damage]
+    data = failures.read_bytes()
+    assert data.count(b"\n") == 2
+    if damage == "deleted":
+        failures.unlink()
+    else:
+        failures.write_bytes(change(data))
+    with pytest.raises(DedupStateError, match=expected) as caught:
+        _dedup(store, archive, out, batch_size=40)
+    assert failures.name in str(caught.value)
+
+
+def test_dedup_refuses_a_failures_file_that_holds_other_than_it_records(
+    store: Store, archive: Path
+) -> None:
+    archive.write_text(archive.read_text() + "{not json\n" + '{"id": "x"}\n')
+    out = archive.parent
+    _dedup(store, archive, out, batch_size=40)
+    sidecar = progress_path(out / "keep.jsonl")
+    state = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**state, **_in_committed(failed=3)(state)}))
+    with pytest.raises(DedupStateError, match="holds 2 failures, not the 3 the progress file"):
+        _dedup(store, archive, out, batch_size=40)

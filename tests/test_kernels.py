@@ -200,3 +200,89 @@ def test_a_ctrl_c_while_numba_imports_leaves_signing_working() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["interrupted", "True"]
+
+
+_INTERRUPTED_LOAD = """
+import os, signal, threading
+
+import llvmlite.binding.executionengine as ee
+
+# Another thread, which the kernel may hand the SIGINT to: blocking it in the main thread
+# alone (pthread_sigmask) would not hold it back.
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+
+original = ee.ExecutionEngine.set_object_cache
+armed = []
+
+
+def set_object_cache(self, notify_func=None, getbuffer_func=None):
+    # llvmlite calls these through ctypes for every module numba compiles or loads.
+    def interrupt_if_armed():
+        if armed:
+            armed.clear()
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, now
+
+    def notify(module, buf):
+        interrupt_if_armed()
+        return notify_func(module, buf)
+
+    def getbuffer(module):
+        interrupt_if_armed()
+        return getbuffer_func(module)
+
+    return original(self, notify if notify_func else None, getbuffer if getbuffer_func else None)
+
+
+ee.ExecutionEngine.set_object_cache = set_object_cache
+from neardup_store import MinHasher, kernels
+
+
+class Timeout(Exception):
+    pass
+
+
+def time_out(signum, frame):
+    raise Timeout
+
+
+def attempt(call):
+    armed.append(1)
+    try:
+        outcome = f"returned {call()}"
+    except KeyboardInterrupt:
+        outcome = "KeyboardInterrupt"
+    except Timeout:
+        outcome = "Timeout"
+    assert not armed, "no callback ran"
+    handler = signal.getsignal(signal.SIGINT)
+    print(outcome, handler.__name__ if callable(handler) else handler.name)
+
+
+attempt(lambda: MinHasher().signature("a first document to sign").sum())
+print(MinHasher().signature("a first document to sign").tobytes().hex())
+signal.signal(signal.SIGINT, time_out)
+attempt(lambda: kernels.compile_loops({"triple": lambda x: 3 * x}).triple(2))
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+attempt(lambda: kernels.compile_loops({"double": lambda x: 2 * x}).double(2))
+"""
+
+
+def test_a_ctrl_c_while_the_loops_load_is_raised_once_they_are_loaded() -> None:
+    """llvmlite calls back into Python through ctypes while numba compiles or loads a loop;
+    a KeyboardInterrupt raised in such a callback was printed as "Exception ignored" and
+    dropped, so `neardup-admin add` ran to the end and exited 0 (review 41). A real
+    SIGINT, sent from the first callback of each load: it reaches the caller once the load
+    is done, through the handler it found (a raising custom one too), which is then back
+    in place; an ignored SIGINT stays ignored. A fresh interpreter, as numba loads once."""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_LOAD], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr
+    signature = MinHasher().signature("a first document to sign").tobytes().hex()
+    assert done.stdout.splitlines() == [
+        "KeyboardInterrupt default_int_handler",
+        signature,  # the loop was loaded whole, and signs
+        "Timeout time_out",
+        "returned 4 SIG_IGN",
+    ]

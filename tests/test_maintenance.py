@@ -5,6 +5,7 @@ lock is tested with a real second process."""
 from __future__ import annotations
 
 import io
+import json
 import lzma
 import os
 import re
@@ -23,6 +24,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from harness import (
     LineDrivenProcess,
     band_table_entry,
@@ -33,7 +35,8 @@ from harness import (
 )
 from test_format import rewrite_as_old_format
 
-from neardup_store import codec, integrity, maintenance
+from neardup_store import _faults, codec, integrity, maintenance
+from neardup_store.cli import cli
 from neardup_store.clusters import duplicate_groups, verified_pairs
 from neardup_store.demo import DemoCorpus, make_corpus
 from neardup_store.errors import (
@@ -891,6 +894,29 @@ def test_a_dry_run_is_an_upper_bound_even_with_nothing_to_purge(tmp_path: Path) 
         assert store.compact(dry_run=True).bytes_after == report.bytes_after
 
 
+def test_a_dry_run_bounds_a_copy_committed_in_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy commits every _COPY_CHUNK entries, and each commit after the first leaves
+    pages that earlier ones wrote free in the copy. The dry run counted the tables' pages
+    only: on a compacted store it was below what compaction leaves, and said space could
+    be reclaimed where none could (review 40). Copied in one transaction, it is exact."""
+    monkeypatch.setattr(maintenance, "_COPY_CHUNK", 2000)  # 54,000 entries: 27 commits
+    sigs = np.random.default_rng(40).integers(0, 2**32, size=(3000, 64), dtype=np.uint32)
+    with Store.open(tmp_path / "s", create=True, num_perm=64, bands=16, rows=4) as store:
+        store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(sigs)])
+        compacted = store.compact()
+        estimate = store.compact(dry_run=True)
+        report = store.compact()
+        assert report.bytes_after == compacted.bytes_after  # the same copy again
+        assert report.bytes_after <= estimate.bytes_after
+        assert estimate.reclaimed_bytes <= 0
+        assert estimate.bytes_after - report.bytes_after <= 40 * store._page_size()
+        monkeypatch.setattr(maintenance, "_COPY_CHUNK", 10**9)
+        exact = store.compact(dry_run=True)
+        assert store.compact().bytes_after == exact.bytes_after < report.bytes_after
+
+
 def test_compact_reclaims_the_space_removals_leave(store: Store, corpus: DemoCorpus) -> None:
     keep = {key for group in corpus.planted for key in group}
     store.remove_many([key for key in corpus.documents if key not in keep])
@@ -1214,6 +1240,102 @@ def test_rebuild_stops_on_a_corrupt_record_and_leaves_the_store_usable(
         assert damaged.params == params and damaged.stats().generation == 0
         assert damaged.query(corpus.documents["doc-0004"])[0].key == "doc-0004"
         assert damaged.check().kinds() == {"corrupt-record"}
+
+
+_REBUILT = np.random.default_rng(31).integers(0, 2**32, size=(200, 32), dtype=np.uint32)
+
+
+def _store_to_rebuild(path: Path) -> Store:
+    store = Store.open(path, create=True, num_perm=32, bands=8, rows=4)
+    store.add_signatures([(f"k{i}", sig) for i, sig in enumerate(_REBUILT)])
+    return store
+
+
+def _interrupting_at(point: str) -> Callable[[str], None]:
+    """A fault checkpoint that raises one Ctrl-C at ``point``, where a SIGINT that came
+    while the code before it ran is raised."""
+    real, armed = _faults.checkpoint, [True]
+
+    def checkpoint(name: str) -> None:
+        if name == point and armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        real(name)
+
+    return checkpoint
+
+
+def test_a_ctrl_c_as_rebuild_commits_keeps_the_new_banding_and_the_cli_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C during LMDB's commit of a rebuild comes out once the commit has returned
+    (the after-commit point). rebuild then re-attached the old band tables, which the
+    commit had dropped: a raw lmdb.NotFoundError hid the Ctrl-C, the CLI printed a
+    traceback and exited 1, and the Store object failed every query after (review 40)."""
+    path = tmp_path / "s"
+    with _store_to_rebuild(path) as store:
+        monkeypatch.setattr(_faults, "checkpoint", _interrupting_at("after-commit"))
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            store.rebuild(bands=4, rows=8)
+        assert stopped.value.transaction_committed is True  # type: ignore[attr-defined]
+        assert store.banding == LSHParams(4, 8) and store.stats().generation == 1
+        assert store.query(signature=_REBUILT[7])[0].key == "k7"
+        assert store.check().ok
+    monkeypatch.setattr(_faults, "checkpoint", _interrupting_at("after-commit"))
+    result = CliRunner().invoke(cli, ["rebuild", str(path), "--bands", "16", "--rows", "2"])
+    assert result.exit_code == 130, result.output
+    assert result.stderr.splitlines() == [
+        "interrupted",
+        "the write block had committed: its changes are stored",
+    ]
+    with Store.open(path) as reopened:
+        assert reopened.banding == LSHParams(16, 2) and reopened.check().ok
+
+
+@pytest.mark.parametrize("at", range(28))  # every call from the write's end to its return
+def test_a_ctrl_c_anywhere_in_the_end_of_rebuilds_write_leaves_the_store_on_what_is_stored(
+    tmp_path: Path, at: int
+) -> None:
+    """A Ctrl-C raised at each Python call from the start of the rebuild's commit until
+    its write block lets go of the transaction (placed by a trace hook where a SIGINT is
+    raised): the Store object uses the banding that is stored and answers queries, and
+    the Ctrl-C says whether it committed. Those after the commit, marked or not, ended in
+    a raw lmdb.NotFoundError; those as the commit began, in a wait for the write lock
+    this thread held (review 40)."""
+    path = tmp_path / "s"
+    with _store_to_rebuild(path) as store:
+        calls, ending = 0, False
+
+        def hook(frame: Any, event: str, arg: object) -> None:
+            nonlocal calls, ending
+            if event != "call":
+                return
+            if frame.f_code.co_name == "_finish":
+                ending = True
+            # Up to the block's end; uncounting the transaction after it is not rebuild's.
+            if ending and getattr(store._thread_state, "writing", False):
+                calls += 1
+                if calls == at + 1:
+                    raise KeyboardInterrupt
+
+        stopped: KeyboardInterrupt | None = None
+        sys.settrace(hook)
+        try:
+            store.rebuild(bands=4, rows=8)
+        except KeyboardInterrupt as error:
+            stopped = error
+        finally:
+            sys.settrace(None)
+        assert stopped is not None or calls <= at  # raised, unless fewer calls came
+        stored = store.stats().generation == 1
+        if stopped is not None:
+            assert getattr(stopped, "transaction_committed", False) is stored
+        assert store.banding == (LSHParams(4, 8) if stored else LSHParams(8, 4))
+        assert store.query(signature=_REBUILT[7])[0].key == "k7"
+        assert store.check().ok
+        banding = store.banding
+    with Store.open(path) as reopened:
+        assert reopened.banding == banding
 
 
 # -- export and import ----------------------------------------------------------------------
@@ -1636,7 +1758,7 @@ def test_backup_killed_part_way_leaves_no_store_or_a_whole_one(
 
 
 _FULL_BACKUP_CHILD = """
-import resource, signal, sys
+import json, resource, signal, sys
 from neardup_store.store import Store
 path, target = sys.argv[1:]
 store = Store.open(path)
@@ -1644,9 +1766,9 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails in
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 try:
     store.backup(target)
-    print("fitted")
-except Exception as err:
-    print(type(err).__name__, getattr(err, "path", None))
+    print(json.dumps(["fitted"]))
+except Exception as err:  # JSON: the path may hold a space (a TMPDIR with one)
+    print(json.dumps([type(err).__name__, str(getattr(err, "path", None))]))
 """
 
 
@@ -1664,7 +1786,8 @@ def test_backup_past_the_file_size_limit_blames_the_backup_not_the_store(
         env=env,
         timeout=60,
     )
-    assert done.stdout.split() == [StoreFullError.__name__, str(target)], done.stderr
+    assert done.stdout, done.stderr
+    assert json.loads(done.stdout) == [StoreFullError.__name__, str(target)], done.stderr
     assert not target.exists() and _leftovers(target) == []
     assert store.backup(target).documents == len(store)  # without the limit
 

