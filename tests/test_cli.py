@@ -2016,6 +2016,13 @@ def _on_a_terminal(*args: object) -> tuple[int, bytes]:
     command = [sys.executable, "-m", "neardup_store", *map(str, args)]
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
     os.close(follower)
+    shown = _read_to_the_end(leader)
+    os.close(leader)
+    return done.returncode, shown
+
+
+def _read_to_the_end(leader: int) -> bytes:
+    """What is left to read on a pseudo-terminal whose other end has closed."""
     shown = b""
     while True:
         try:
@@ -2025,8 +2032,7 @@ def _on_a_terminal(*args: object) -> tuple[int, bytes]:
         if not chunk:
             break
         shown += chunk
-    os.close(leader)
-    return done.returncode, shown
+    return shown
 
 
 def test_check_clusters_and_query_of_many_lines_show_progress(tmp_path: Path) -> None:
@@ -2097,14 +2103,7 @@ def test_an_import_interrupted_after_its_count_was_drawn_says_so_on_a_line_of_it
             shown += os.read(leader, 65536)
         child.send_signal(signal.SIGINT)
         assert child.wait(timeout=120) == 130
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal's other end is closed: all is read
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown += _read_to_the_end(leader)
     finally:
         child.kill()
         child.wait()

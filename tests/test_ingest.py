@@ -300,6 +300,17 @@ def _dedup(store: Store, archive: Path, out: Path, **options: Any) -> Any:
     return dedup(store, archive, out / "keep.jsonl", out / "dropped.jsonl", **options)
 
 
+def _assert_as_uninterrupted(report: Any, out: Path, expected: Any, reference: Path) -> None:
+    """A resumed run's report and outputs equal those of :func:`_reference_run`."""
+    assert (report.kept, report.dropped, report.failed) == (
+        expected.kept,
+        expected.dropped,
+        expected.failed,
+    )
+    for name in ["keep.jsonl", "dropped.jsonl"]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes()
+
+
 def _reference_run(tmp_path: Path, archive: Path, **options: Any) -> tuple[Any, Path]:
     """An uninterrupted dedup of ``archive`` into a fresh store: its report, and the
     directory of its outputs, which an interrupted and resumed run must equal."""
@@ -730,13 +741,7 @@ def test_dedup_resumes_from_a_version_1_progress_file(
         assert old["failed"]  # the bad line is in the first three batches
         sidecar.write_text(json.dumps({**state, "version": 1, "committed": old}))
         report = _dedup(store, archive, out, batch_size=16)
-    assert (report.kept, report.dropped, report.failed) == (
-        expected.kept,
-        expected.dropped,
-        expected.failed,
-    )
-    for name in ["keep.jsonl", "dropped.jsonl"]:
-        assert (out / name).read_bytes() == (reference / name).read_bytes()
+    _assert_as_uninterrupted(report, out, expected, reference)
 
 
 def _stop_at(batches: int) -> Any:
@@ -1110,13 +1115,7 @@ def test_dedup_counts_a_batch_interrupted_after_its_commit_and_resumes_a_version
         sidecar.write_text(json.dumps(_as_version_3(state, out / "keep.jsonl")))
         ingest_module.failures_path(out / "keep.jsonl").unlink()  # version 3 had none
         report = _dedup(store, archive, out, batch_size=16)
-    assert (report.kept, report.dropped, report.failed) == (
-        expected.kept,
-        expected.dropped,
-        expected.failed,
-    )
-    for name in ["keep.jsonl", "dropped.jsonl"]:
-        assert (out / name).read_bytes() == (reference / name).read_bytes()
+    _assert_as_uninterrupted(report, out, expected, reference)
     assert json.loads(sidecar.read_text())["version"] == 4
 
 
