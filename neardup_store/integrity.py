@@ -640,13 +640,17 @@ def check(
         codec.encode_id(v.doc_id) for v in found if v.kind in _UNREADABLE and v.doc_id is not None
     }
     operation = _rederive(store, unreadable)
-    with store.write() as writer:
-        writer._run(operation, writer)
-    if store._band_cache is not None:
-        # The repair may give records new ids or hand out again ids this cache holds
-        # other documents under; the cache also notices from the records (another
-        # process's repair), but not when the reused ids were removed again since.
-        store._band_cache = BandCache(store)
+    try:
+        with store.write() as writer:
+            writer._run(operation, writer)
+    finally:
+        # Also when a Ctrl-C comes out of a repair whose commit went through (a new cache
+        # is right whatever the store holds). The repair may give records new ids or
+        # hand out again ids this cache holds other documents under; the cache also
+        # notices from the records (another process's repair), but not when the reused
+        # ids were removed again since.
+        if store._band_cache is not None:
+            store._band_cache = BandCache(store)
     again = None if progress is None else (lambda done: progress(checked + done))
     _, remaining = _run_check(store, again)
     return CheckReport(checked, found, True, remaining)

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pytest
 from test_format import rewrite_as_old_format
 
-from neardup_store import codec
+from neardup_store import _faults, codec
 from neardup_store.band_cache import BandCache, CacheLookup, _loops
 from neardup_store.errors import CorruptRecordError
 from neardup_store.lsh import LSHParams, band_keys
@@ -900,6 +900,36 @@ def test_a_repair_in_this_process_starts_a_new_cache(tmp_path: Path) -> None:
         old = store._band_cache
         report = store.check(repair=True)
         assert report.ok and report.repaired
+        assert isinstance(store._band_cache, BandCache) and store._band_cache is not old
+        store.add_signatures(items("new", sigs[300:], start=300))
+        store.remove("new399")  # id 299, the newest the old cache read
+        store.purge()
+        answers = assert_same_answers(store, near_copies(rng, sigs))
+        assert match_count(answers[300:399]) >= 90 and answers[399] == []
+
+
+def test_a_ctrl_c_as_this_process_s_repair_commits_still_starts_a_new_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C during the repair's commit comes out once the commit has returned (the
+    after-commit point): the repair is stored, so the cache must be replaced as after a
+    repair that returned; it was kept, and missed the ids handed out again (review 40)."""
+    rng = np.random.default_rng(47)
+    sigs = random_sigs(rng, 400)
+    with Store.open(tmp_path / "s", create=True, band_cache=True, **PARAMS) as store:
+        remove_newest_and_damage_next_doc_id(store, sigs)
+        old = store._band_cache
+
+        def interrupt(name: str) -> None:
+            if name == "after-commit":
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(_faults, "checkpoint", interrupt)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            store.check(repair=True)
+        monkeypatch.undo()
+        assert stopped.value.transaction_committed is True  # type: ignore[attr-defined]
+        assert store.check().ok  # the repair is stored
         assert isinstance(store._band_cache, BandCache) and store._band_cache is not old
         store.add_signatures(items("new", sigs[300:], start=300))
         store.remove("new399")  # id 299, the newest the old cache read
