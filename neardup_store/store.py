@@ -832,7 +832,17 @@ class Store:
         try:
             yield txn
         finally:
-            self._end_tracked()
+            # :meth:`_end_tracked`'s work, with no Python call before the counts drop: a
+            # Ctrl-C raised at such a call's entry (where a pending signal is handled)
+            # left this thread counted inside a transaction, and close() refused.
+            counts = self._thread_state.__dict__
+            with self._readers_lock:
+                self._active_readers, counts["readers"] = (
+                    self._active_readers - 1,
+                    counts["readers"] - 1,
+                )
+                if self._growth_waiting or self._closers_waiting:
+                    self._readers_done.notify_all()
 
     def _begin_tracked(self, write: bool) -> lmdb.Transaction:
         """Begin a transaction counted as active, so :meth:`_resize` waits for it; the
@@ -918,25 +928,33 @@ class Store:
             )
         self._sweep_readers(force=True)
         self._ensure_headroom()
-        with self._tracked(write=True) as txn:
-            writer = WriteTxn(self, txn)
-            state.writing = True
-            try:
-                with self._typed_engine_errors():
-                    try:
-                        yield writer
-                    except BaseException:
-                        writer._finish(commit=False)
-                        raise
-                # A poisoned writer (a replay conflict caught in the block) may be closed:
-                # its end raises TransactionAbortedError, no purge is due.
-                purge_due = (
-                    writer._unlinked and writer._poisoned is None and self._purge_due(writer)
-                )
-                with self._typed_engine_errors():
-                    writer._finish(commit=True)
-            finally:
-                state.writing = False
+        writer: WriteTxn | None = None
+        try:
+            with self._tracked(write=True) as txn:
+                writer = WriteTxn(self, txn)
+                state.writing = True
+                try:
+                    with self._typed_engine_errors():
+                        try:
+                            yield writer
+                        except BaseException:
+                            writer._finish(commit=False)
+                            raise
+                    # A poisoned writer (a replay conflict caught in the block) may be
+                    # closed: its end raises TransactionAbortedError, no purge is due.
+                    purge_due = (
+                        writer._unlinked and writer._poisoned is None and self._purge_due(writer)
+                    )
+                    with self._typed_engine_errors():
+                        writer._finish(commit=True)
+                finally:
+                    state.writing = False
+        except KeyboardInterrupt as error:
+            # One that comes after the commit returned, on the way out of the block (the
+            # commit's own window is marked by the writer): the block is stored.
+            if writer is not None and writer._commit_returned():
+                after_commit(error)
+            raise
         if purge_due:
             try:
                 self.purge()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import itertools
 import json
@@ -3053,3 +3054,49 @@ def test_a_backup_of_a_team_store_opens_for_the_whole_team(shared_directory: Pat
         assert (info.st_mode & 0o7777, info.st_gid) == (0o660, TEAM_GID), path
     info = backup.stat()
     assert (info.st_mode & 0o7777, info.st_gid) == (team.stat().st_mode & 0o7777, TEAM_GID)
+
+
+@pytest.mark.parametrize("at", range(40))  # every call from the commit to the block's end
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_ctrl_c_anywhere_in_a_write_s_end_says_whether_the_block_is_stored(
+    store: Store, at: int, replace: bool
+) -> None:
+    """A Ctrl-C raised at each Python call from the start of the commit until ``write()``
+    returns (placed by a trace hook where a pending SIGINT is raised) carries
+    ``transaction_committed`` exactly when the block is stored. One after the commit
+    returned, on the way out of the block, carried no mark: ``add --replace`` then
+    counted a stored batch as not committed, since its replacements leave no new key to
+    probe (review 40's fixer)."""
+    signature = np.arange(PARAMS["num_perm"], dtype=np.uint32)
+    if replace:
+        store.add_signatures([("k", signature)])
+    calls, ending = 0, False
+
+    def hook(frame: Any, event: str, arg: object) -> None:
+        nonlocal calls, ending
+        if event != "call":
+            return
+        ending = ending or frame.f_code.co_name == "_finish"
+        if ending:
+            calls += 1
+            if calls == at + 1:
+                raise KeyboardInterrupt
+
+    stopped: KeyboardInterrupt | None = None
+    sys.settrace(hook)
+    try:
+        with store.write() as writer:
+            writer.add_signatures([("k", signature + 1)], replace=replace)
+    except KeyboardInterrupt as error:
+        stopped = error
+    finally:
+        sys.settrace(None)
+    if stopped is None:
+        assert calls <= at  # fewer calls came than this case's place
+        return
+    stored = np.array_equal(store.get("k").signature, signature + 1) if "k" in store else False
+    assert getattr(stopped, "transaction_committed", False) is stored
+    # A Ctrl-C at the very entry of the transaction's uncounting leaves it to the
+    # generator's cleanup, which runs once nothing refers to the interrupted frames.
+    del stopped
+    gc.collect()
