@@ -12,6 +12,8 @@
   band entries and query answers that follow from them, computed without the store.
 * :func:`older_export` rewrites an export as an earlier release wrote it (versions 1
   and 2: nothing sealed; version 1 without the end marker).
+* :func:`interrupted_at_call` raises a Ctrl-C at a chosen Python call of a write's end,
+  where a pending SIGINT would be raised.
 * :func:`consistency_problems` checks, inside one read transaction of an open store, that
   its tables agree with each other (counts, keys, band entries against signatures);
   :func:`spread_consistency_problems` is the same check spread over several transactions.
@@ -407,3 +409,33 @@ def older_export(data: bytes, version: int) -> bytes:
     if version > 1:
         parts.append(msgpack.packb(trailer))
     return b"".join(parts)
+
+
+def interrupted_at_call(
+    at: int, run: Callable[[], object], counting: Callable[[], bool] = lambda: True
+) -> tuple[KeyboardInterrupt | None, int]:
+    """Run ``run`` with a ``KeyboardInterrupt`` raised at the entry of its ``at``-th Python
+    call (from 0) since a write transaction's ``_finish`` began, of those made while
+    ``counting()`` holds: a function's entry is where CPython handles a pending signal.
+    Returns the interrupt (``None`` if fewer calls came) and how many calls were counted."""
+    calls, ending = 0, False
+
+    def hook(frame: Any, event: str, arg: object) -> None:
+        nonlocal calls, ending
+        if event != "call":
+            return
+        ending = ending or frame.f_code.co_name == "_finish"
+        if ending and counting():
+            calls += 1
+            if calls == at + 1:
+                raise KeyboardInterrupt
+
+    stopped: KeyboardInterrupt | None = None
+    sys.settrace(hook)
+    try:
+        run()
+    except KeyboardInterrupt as error:
+        stopped = error
+    finally:
+        sys.settrace(None)
+    return stopped, calls

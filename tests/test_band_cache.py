@@ -889,6 +889,17 @@ def test_ids_handed_out_again_after_another_process_s_repair_are_read_by_the_cac
         assert store._band_cache is not None and store._band_cache.entries == 9 * 300
 
 
+def assert_reused_ids_found(store: Store, rng: np.random.Generator, sigs: Sigs) -> None:
+    """After a repair of :func:`remove_newest_and_damage_next_doc_id`'s store, ids 200-299
+    are handed out again and the newest of them removed and purged before the next query:
+    the cache must find the documents under them."""
+    store.add_signatures(items("new", sigs[300:], start=300))
+    store.remove("new399")  # id 299, the newest the old cache read
+    store.purge()
+    answers = assert_same_answers(store, near_copies(rng, sigs))
+    assert match_count(answers[300:399]) >= 90 and answers[399] == []
+
+
 def test_a_repair_in_this_process_starts_a_new_cache(tmp_path: Path) -> None:
     """After this process's repair, ids 200-299 are handed out again and the newest of
     them removed and purged before the next query: nothing in the records tells the
@@ -901,11 +912,7 @@ def test_a_repair_in_this_process_starts_a_new_cache(tmp_path: Path) -> None:
         report = store.check(repair=True)
         assert report.ok and report.repaired
         assert isinstance(store._band_cache, BandCache) and store._band_cache is not old
-        store.add_signatures(items("new", sigs[300:], start=300))
-        store.remove("new399")  # id 299, the newest the old cache read
-        store.purge()
-        answers = assert_same_answers(store, near_copies(rng, sigs))
-        assert match_count(answers[300:399]) >= 90 and answers[399] == []
+        assert_reused_ids_found(store, rng, sigs)
 
 
 def test_a_ctrl_c_as_this_process_s_repair_commits_still_starts_a_new_cache(
@@ -931,11 +938,7 @@ def test_a_ctrl_c_as_this_process_s_repair_commits_still_starts_a_new_cache(
         assert stopped.value.transaction_committed is True  # type: ignore[attr-defined]
         assert store.check().ok  # the repair is stored
         assert isinstance(store._band_cache, BandCache) and store._band_cache is not old
-        store.add_signatures(items("new", sigs[300:], start=300))
-        store.remove("new399")  # id 299, the newest the old cache read
-        store.purge()
-        answers = assert_same_answers(store, near_copies(rng, sigs))
-        assert match_count(answers[300:399]) >= 90 and answers[399] == []
+        assert_reused_ids_found(store, rng, sigs)
 
 
 def test_removed_entries_never_outnumber_the_live_ones_under_replacements(

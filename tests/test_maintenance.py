@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from harness import (
     LineDrivenProcess,
     band_table_entry,
+    interrupted_at_call,
     kept_band_key,
     older_export,
     raw_digest,
@@ -1304,28 +1305,12 @@ def test_a_ctrl_c_anywhere_in_the_end_of_rebuilds_write_leaves_the_store_on_what
     this thread held (review 40)."""
     path = tmp_path / "s"
     with _store_to_rebuild(path) as store:
-        calls, ending = 0, False
-
-        def hook(frame: Any, event: str, arg: object) -> None:
-            nonlocal calls, ending
-            if event != "call":
-                return
-            if frame.f_code.co_name == "_finish":
-                ending = True
-            # Up to the block's end; uncounting the transaction after it is not rebuild's.
-            if ending and getattr(store._thread_state, "writing", False):
-                calls += 1
-                if calls == at + 1:
-                    raise KeyboardInterrupt
-
-        stopped: KeyboardInterrupt | None = None
-        sys.settrace(hook)
-        try:
-            store.rebuild(bands=4, rows=8)
-        except KeyboardInterrupt as error:
-            stopped = error
-        finally:
-            sys.settrace(None)
+        # Up to the block's end; uncounting the transaction after it is not rebuild's.
+        stopped, calls = interrupted_at_call(
+            at,
+            lambda: store.rebuild(bands=4, rows=8),
+            lambda: getattr(store._thread_state, "writing", False),
+        )
         assert stopped is not None or calls <= at  # raised, unless fewer calls came
         stored = store.stats().generation == 1
         if stopped is not None:

@@ -27,6 +27,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 import pytest
+from harness import interrupted_at_call
 from test_band_cache import cached_and_direct
 from test_format import rewrite_sealed_meta
 
@@ -3070,27 +3071,12 @@ def test_a_ctrl_c_anywhere_in_a_write_s_end_says_whether_the_block_is_stored(
     signature = np.arange(PARAMS["num_perm"], dtype=np.uint32)
     if replace:
         store.add_signatures([("k", signature)])
-    calls, ending = 0, False
 
-    def hook(frame: Any, event: str, arg: object) -> None:
-        nonlocal calls, ending
-        if event != "call":
-            return
-        ending = ending or frame.f_code.co_name == "_finish"
-        if ending:
-            calls += 1
-            if calls == at + 1:
-                raise KeyboardInterrupt
-
-    stopped: KeyboardInterrupt | None = None
-    sys.settrace(hook)
-    try:
+    def write() -> None:
         with store.write() as writer:
             writer.add_signatures([("k", signature + 1)], replace=replace)
-    except KeyboardInterrupt as error:
-        stopped = error
-    finally:
-        sys.settrace(None)
+
+    stopped, calls = interrupted_at_call(at, write)
     if stopped is None:
         assert calls <= at  # fewer calls came than this case's place
         return
