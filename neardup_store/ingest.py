@@ -335,14 +335,10 @@ def path_text(name: str) -> str:
     """``name`` as text that UTF-8 (and so JSON) carries: each byte of a path that is not
     UTF-8 as ``\\xNN``, as Python writes such a name to standard error. Where a
     failure or a record names a file, it names it so."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        try:
-            return os.fsencode(name).decode("utf-8", "backslashreplace")
-        except UnicodeEncodeError:
-            return name.encode("utf-8", "backslashreplace").decode("utf-8")
-    return name
+    key = path_key(name)
+    if isinstance(key, bytes):
+        return key.decode("utf-8", "backslashreplace")
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")  # unchanged if UTF-8
 
 
 def walk_directory(directory: Path, include: Sequence[str]) -> Iterator[Path]:

@@ -47,7 +47,6 @@ from .errors import (
     OutputWriteError,
     StoreBusyError,
     StoreFullError,
-    after_commit,
     check_flags,
     check_progress,
     integer,
@@ -1085,41 +1084,18 @@ def rebuild(
         if banding.bands + 4 > store._max_dbs:
             _reopen(store, _max_dbs(banding.bands))
         operation = _rebanding(store, banding, threshold, generation, progress)
-        writer: WriteTxn | None = None
         try:
             with store.write() as writer:
                 count = int(writer._run(operation, writer))
         except BaseException as error:
-            if writer is not None:
-                # A Ctrl-C as the commit began may leave the transaction open, and with it
-                # the write lock that reopening a table waits for (this thread's own).
-                writer._close_txn(commit=False)
             # Dropping closed the old handles: reopen the tables of whichever generation
-            # is stored. A Ctrl-C during the commit, or just after it, comes out here
-            # though the new banding is stored and the old tables are gone.
-            if not _rebuild_committed(store, error, generation):
+            # is stored. A Ctrl-C during the commit, or after it on the way out of the
+            # block, comes out here marked (Store.write) though the new banding is
+            # stored and the old tables are gone.
+            if not getattr(error, "transaction_committed", False):
                 _reattach(store, old, store._generation, store._format_version)
                 raise
             _reattach(store, new, generation, codec.FORMAT_VERSION)
-            after_commit(error)
             raise
         _reattach(store, new, generation, codec.FORMAT_VERSION)
     return RebuildReport(count, generation, old, new)
-
-
-def _rebuild_committed(store: Store, error: BaseException, generation: int) -> bool:
-    """Whether the rebuild to ``generation`` committed though its write raised ``error``.
-
-    The write marks an error raised once LMDB's commit returned (``transaction_committed``);
-    one raised later, before the block handed control back, carries no mark, so the stored
-    generation decides. Where even that cannot be read (a failed commit left the engine
-    unusable), the mark alone does.
-    """
-    if getattr(error, "transaction_committed", False):
-        return True
-    try:
-        with store._require_env().begin() as txn:
-            stored = codec.read_meta(txn, store._meta_db, "banding")
-    except (lmdb.Error, NeardupError):
-        return False
-    return isinstance(stored, dict) and stored.get("generation") == generation

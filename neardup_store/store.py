@@ -949,11 +949,15 @@ class Store:
                         writer._finish(commit=True)
                 finally:
                     state.writing = False
-        except KeyboardInterrupt as error:
-            # One that comes after the commit returned, on the way out of the block (the
-            # commit's own window is marked by the writer): the block is stored.
-            if writer is not None and writer._commit_returned():
-                after_commit(error)
+        except BaseException as error:
+            if writer is not None:
+                # A Ctrl-C after the commit returned, on the way out of the block (the
+                # commit's own window is marked by the writer): the block is stored.
+                if isinstance(error, KeyboardInterrupt) and writer._commit_returned():
+                    after_commit(error)
+                # One at the entry of the writer's end leaves its transaction open, and
+                # with it the write lock that this thread's next write would wait for.
+                writer._close_txn(commit=False)
             raise
         if purge_due:
             try:
