@@ -2,7 +2,8 @@
 
 Each command parses its options, makes one library call and renders the result: an
 aligned table for people, ``--json`` (JSON lines) for programs. Exit codes: 0 success,
-1 findings, 2 usage or input errors (an output that cannot be written too), 130 after
+1 findings, 2 usage or input errors (an output that cannot be written too; once a command
+has changed the store, its message says what stands, :func:`_summary_of`), 130 after
 Ctrl-C, 141 when the reader of stdout has gone (``| head``). Errors the package raises on
 purpose become one ``Error:`` line; anything else is a bug and keeps its traceback.
 Rendering lives in :mod:`.cli_render`.
@@ -38,12 +39,13 @@ from .errors import (
     NeardupError,
     NotAStoreError,
     StoreNotFoundError,
+    real,
 )
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .params import StoreParams, resolve_params
-from .store import UNFINISHED_CREATION, Store, holds_store
+from .store import EMPTY_DATA_FILE, UNFINISHED_CREATION, Store, holds_store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding, decode_text
 from .txn import Match
 
@@ -70,20 +72,22 @@ class _Group(click.Group):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _cli_errors():
+        with _cli_errors(ctx):
             return super().invoke(ctx)
 
 
 @contextlib.contextmanager
-def _cli_errors() -> Iterator[None]:
+def _cli_errors(ctx: click.Context | None = None) -> Iterator[None]:
     """Library and input errors as one ``Error:`` line with exit 2, Ctrl-C as
     ``interrupted`` with exit 130 (Click would say "Aborted!" with exit 1, the code for
-    findings), a reader of stdout gone as exit 141."""
+    findings), a reader of stdout gone as exit 141. ``ctx`` is the group's, which names
+    the command that ran, for advice that only that command can follow."""
     try:
         with _named_stdout():
             yield
     except NeardupError as err:  # with its notes (what earlier batches committed)
-        raise InputError(_cli_wording(_with_notes(err))) from err
+        command = None if ctx is None else ctx.invoked_subcommand
+        raise InputError(_banding_advice(err, _cli_wording(_with_notes(err)), command)) from err
     except KeyboardInterrupt as err:  # add and dedup report their own
         raise _interrupted_exit(err) from err
     except OSError as err:  # a file that cannot be opened (see _File) or written
@@ -132,6 +136,14 @@ def _stdout_for_dash() -> None:
     --report -`` after its batches had committed)."""
     if sys.stdout is None:
         raise _closed(_STDOUT, "nowhere to write")
+
+
+def _stdin_for_dash() -> None:
+    """Refuse ``-`` as an input while standard input is closed (``<&-``), before any
+    work, as :func:`_stdout_for_dash` does for an output: a read of it part-way would
+    be taken for an input that failed, not for a command line to change."""
+    if isinstance(sys.stdin, _ClosedStdin):
+        raise _closed("stdin", "nothing to read")
 
 
 def _closed(name: str, what: str) -> OSError:
@@ -216,6 +228,22 @@ def _drop_buffered_stdout() -> None:
             os.close(devnull)
 
 
+@contextlib.contextmanager
+def _summary_of(done: str | None) -> Iterator[None]:
+    """Print, in the block, the summary of a command that has done its work (``done``
+    says what: the store changed, a copy written); should standard output fail there (a
+    full disk under ``> out``), the ``Error:`` line says that the work stands and only
+    the summary was lost, as ``add --report`` says for its report. Exit 2 alone read as
+    input refused with nothing changed, and a rerun was then refused (a second ``init``)
+    or did nothing (a second ``remove``). ``None``: nothing was changed."""
+    try:
+        yield
+    except OSError as err:
+        if done is not None and err.filename == _STDOUT and err.errno != errno.EPIPE:
+            err.add_note(f"{done}; only this summary was not written")
+        raise
+
+
 def _reader_gone() -> NoReturn:
     """Stop quietly when stdout's reader has gone (``| head``), with the status of a
     command that SIGPIPE stopped (141): neither success nor the code for findings."""
@@ -235,7 +263,6 @@ _CLI_WORDING = {
     "pass replace=True": "pass --replace",
     "pass missing_ok=True": "pass --missing-ok",
     "(Store.create_from_export)": "(`neardup-admin import EXPORT NEW_PATH`)",
-    "needs bands= and rows= given": "needs bands and rows given (init --bands --rows)",
 }
 
 
@@ -243,6 +270,32 @@ def _cli_wording(message: str) -> str:
     for library, command_line in _CLI_WORDING.items():
         message = message.replace(library, command_line)
     return message
+
+
+_BANDING_CLAUSE = re.compile(r"\s*\(a threshold of 1 needs bands= and rows= given\)")
+"""The library's advice for a threshold that no banding can be chosen for (lsh.py)."""
+
+_INSTEAD = "a threshold of 1 needs the banding given instead: "
+_GIVE_THE_BANDING = {
+    "init": _INSTEAD + "--bands B --rows R",
+    "spark-dedup": _INSTEAD + "--bands B --rows R",
+    "rebuild": _INSTEAD + "neardup-admin rebuild STORE --bands B --rows R",
+    "dedup": "for a threshold of 1, make the store first with its banding given "
+    "(neardup-admin init STORE --bands B --rows R), then run dedup into it",
+}
+"""How each command that can be given a banding takes one, for a threshold of 1."""
+
+
+def _banding_advice(err: NeardupError, message: str, command: str | None) -> str:
+    """``message`` with the library's advice for a threshold that no banding can be
+    chosen for worded as ``command`` can follow it: only for a threshold of 1 (not for
+    0, 1.5 or nan), and only where the command has a way to give the banding (``params``
+    and ``demo`` have none; ``init`` refuses an existing store, so ``rebuild`` is not
+    sent there)."""
+    if not isinstance(err, InvalidParameterError) or err.name != "threshold":
+        return message
+    way = _GIVE_THE_BANDING.get(command or "") if real(err.value) == 1.0 else None
+    return _BANDING_CLAUSE.sub(lambda _: f" ({way})" if way else "", message, count=1)
 
 
 _RESUME_AT_ITEM = re.compile(r"resume from item #\d+")
@@ -293,6 +346,8 @@ class _File(click.File):
     def convert(self, value: Any, param: Any, ctx: click.Context | None) -> Any:
         if not isinstance(value, str | os.PathLike):
             return super().convert(value, param, ctx)  # a stream already
+        if value == "-" and "r" in self.mode:
+            _stdin_for_dash()
         stream = click.open_file(value, self.mode, self.encoding, self.errors, lazy=False)
         if ctx is not None:
             stream = ctx.with_resource(stream)  # closed with the command; '-' is left open
@@ -431,11 +486,16 @@ def _read_jsonl(
 ) -> tuple[list[_Query], list[ingest.Failure]]:
     """The queries of a JSON-lines stream (the id defaults to the line number), and a
     failure, located by ``file:line``, for each line that is not one: as in ``add``, a bad
-    line (not UTF-8, not JSON, no text) does not stop the others."""
+    line (not UTF-8, not JSON, no text) does not stop the others, and a read error stops
+    the stream only (:func:`.ingest.input_lines`)."""
     name = ingest.path_text(_stream_name(stream))
     queries: list[_Query] = []
     failed: list[ingest.Failure] = []
-    for number, raw in enumerate(stream, 1):
+    for numbered in ingest.input_lines(stream, _stream_name(stream)):
+        if isinstance(numbered, ingest.Failure):  # a read error: the lines before it stand
+            failed.append(numbered)
+            continue
+        number, raw = numbered
         if not raw.strip():
             continue
         where = f"{name}:{number}"
@@ -590,10 +650,11 @@ def init(path: str, mode: str, as_json: bool, **params_options: Any) -> None:
     with Store.open(path, create=True, mode=permissions, **asked.open_options()) as store:
         params = store.params
     summary = render.banding_summary(params.banding, params.threshold)
-    if as_json:
-        render.json_line({"path": path, **summary, "params": params.flat()})
-    else:
-        click.echo(f"Created {path}: " + render.banding_line(summary))
+    with _summary_of(f"the store was created at {path}"):
+        if as_json:
+            render.json_line({"path": path, **summary, "params": params.flat()})
+        else:
+            click.echo(f"Created {path}: " + render.banding_line(summary))
 
 
 @cli.command()
@@ -742,7 +803,9 @@ def add(
     """Add documents: files, directories, JSON lines, or - for stdin.
 
     Each batch is one transaction: Ctrl-C keeps every batch committed before it and
-    nothing of the current one. Exits 1 if some inputs could not be used.
+    nothing of the current one. Exits 1 if some inputs could not be used (among them a
+    directory that cannot be listed, and a pipe or device met in a directory, which is
+    not opened: name it on its own to read it).
 
     \b
     Example:
@@ -753,6 +816,8 @@ def add(
         raise click.UsageError("--unique and --replace cannot be combined")
     if threshold is not None and not unique:
         raise click.UsageError("--threshold applies only with --unique")
+    if ingest.STDIN in inputs:
+        _stdin_for_dash()
     report_out = None if report is None else _open_report(report, inputs, path)
     records = ingest.read_inputs(
         inputs,
@@ -786,7 +851,8 @@ def add(
         "failed": len(result.failed),
         "batches": result.batches_committed,
     }
-    _report_failures(summary, result.failed, as_json, "see --report or --json")
+    with _summary_of(f"the documents were added ({_added(result)})"):
+        _report_failures(summary, result.failed, as_json, "see --report or --json")
 
 
 def _open_report(report: str, inputs: tuple[str, ...], store: str) -> IO[str]:
@@ -826,9 +892,16 @@ def _write_report(report: IO[str], result: ingest.IngestReport) -> None:
         name = getattr(report, "name", "the report")
         raise InputError(
             f"{name}: cannot write the report ({err.strerror or err}); the documents were "
-            f"added ({result.added} added, {result.replaced} replaced, {len(result.skipped)} "
-            f"skipped, {len(result.failed)} failed), but the report was not written"
+            f"added ({_added(result)}), but the report was not written"
         ) from err
+
+
+def _added(result: ingest.IngestReport) -> str:
+    """What ``add`` did, for a message saying that it stands though an output failed."""
+    return (
+        f"{result.added} added, {result.replaced} replaced, {len(result.skipped)} skipped, "
+        f"{len(result.failed)} failed"
+    )
 
 
 def _report_failures(
@@ -937,7 +1010,12 @@ def dedup(
             "command again once it is complete",
             err=True,
         )
-    _report_failures(summary, result.failed, as_json, "see --json")
+    done = (
+        f"the job's batches were committed and their lines written ({result.kept} kept, "
+        f"{result.dropped} dropped, {len(result.failed)} failed)"
+    )
+    with _summary_of(done):
+        _report_failures(summary, result.failed, as_json, "see --json")
     if fail_on_duplicates and result.dropped:
         sys.exit(1)
 
@@ -1294,10 +1372,11 @@ def remove(
     advice = "to finish, run the same remove again with --missing-ok"
     with open_store(path, readonly=False) as store, _resume_advice(advice):
         removed = store.remove_many(wanted, missing_ok=missing_ok, batch_size=batch_size)
-    if as_json:
-        render.json_line({"removed": removed, "asked": len(wanted)})
-    else:
-        click.echo(f"Removed {removed} of {len(wanted)} documents.")
+    with _summary_of(f"the store was changed: {removed} of {len(wanted)} documents removed"):
+        if as_json:
+            render.json_line({"removed": removed, "asked": len(wanted)})
+        else:
+            click.echo(f"Removed {removed} of {len(wanted)} documents.")
 
 
 def _key_lines(stream: IO[bytes]) -> list[str | bytes]:
@@ -1305,7 +1384,10 @@ def _key_lines(stream: IO[bytes]) -> list[str | bytes]:
     read as :func:`.ingest.key_from_text` reads a key."""
     name = _stream_name(stream)
     keys: list[str | bytes] = []
-    for number, raw in enumerate(stream, 1):
+    for numbered in ingest.input_lines(stream, name):
+        if isinstance(numbered, ingest.Failure):  # nothing is removed from a partial list
+            raise InputError(f"{numbered.source}: {numbered.reason}")
+        number, raw = numbered
         try:
             line = (decode_text if number == 1 else bytes.decode)(raw, "utf-8").rstrip("\r\n")
         except UnicodeDecodeError as err:
@@ -1351,10 +1433,11 @@ def purge(path: str, batch_size: int | Literal["auto"], as_json: bool) -> None:
             waiting = reader.awaiting_purge()
         with _doc_progress("Purging", waiting) as progress:
             purged = store.purge(batch_size, progress)
-    if as_json:
-        render.json_line({"purged": purged})
-    else:
-        click.echo(f"Purged the band entries of {purged} removed documents.")
+    with _summary_of(f"the band entries of {purged} removed documents were purged"):
+        if as_json:
+            render.json_line({"purged": purged})
+        else:
+            click.echo(f"Purged the band entries of {purged} removed documents.")
 
 
 @cli.command()
@@ -1371,7 +1454,8 @@ def check(path: str, repair: bool, as_json: bool) -> None:
     """
     with open_store(path, readonly=not repair) as store, _doc_progress("Checking") as progress:
         report = store.check(repair, progress)  # a count: a repair checks again after it
-    render.render_check(report, as_json)
+    with _summary_of("the store was repaired" if report.repaired else None):
+        render.render_check(report, as_json)
     if not report.ok:
         sys.exit(1)
 
@@ -1393,7 +1477,9 @@ def compact(path: str, dry_run: bool, as_json: bool) -> None:
         else:
             with _doc_progress("Compacting", len(store)) as progress:
                 report = store.compact(progress=progress)
-    render.render_compact(report, as_json)
+    done = None if dry_run else f"the store was compacted ({report.bytes_after} bytes now)"
+    with _summary_of(done):
+        render.render_compact(report, as_json)
 
 
 @cli.command()
@@ -1420,7 +1506,8 @@ def rebuild(
         _doc_progress("Re-banding", len(store)) as progress,
     ):
         report = store.rebuild(threshold, bands, rows, progress)
-    render.render_rebuild(report, as_json)
+    with _summary_of(f"the store was rebuilt ({report.documents} documents re-banded)"):
+        render.render_rebuild(report, as_json)
 
 
 @cli.command()
@@ -1450,10 +1537,11 @@ def export(path: str, out: str, as_json: bool) -> None:
         else:
             count = store.export_file(out, progress)
     message = {"exported": count}
-    if as_json:  # stdout may be the export itself: the summary goes to stderr then
-        click.echo(json.dumps(message), err=out == "-")
-    elif not _quiet():
-        click.echo(f"Exported {count} documents.", err=True)
+    with _summary_of(None if out == "-" else f"the export was written to {out}"):
+        if as_json:  # stdout may be the export itself: the summary goes to stderr then
+            click.echo(json.dumps(message), err=out == "-")
+        elif not _quiet():
+            click.echo(f"Exported {count} documents.", err=True)
 
 
 def _stdout_bytes() -> IO[bytes]:
@@ -1502,7 +1590,10 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
     try:
         store = Store.open(path)
     except (StoreNotFoundError, NotAStoreError) as err:
-        if isinstance(err, NotAStoreError) and err.found != UNFINISHED_CREATION:
+        if isinstance(err, NotAStoreError) and err.found not in (
+            UNFINISHED_CREATION,
+            EMPTY_DATA_FILE,
+        ):
             raise InputError(_import_target_advice(err)) from err
         # (Else an import killed while creating its store: creating it goes on.)
         try:
@@ -1518,11 +1609,12 @@ def import_(source: IO[bytes], path: str, replace: bool, as_json: bool) -> None:
         with store, _doc_progress("Importing") as progress, _resume_advice(advice):
             count = store.import_(source, replace=replace, progress=progress)
             created_new = False
-    if as_json:
-        render.json_line({"imported": count, "created": created_new, "path": path})
-    else:
-        where = "new store" if created_new else "store"
-        click.echo(f"Imported {count} documents into {where} {path}.")
+    where = "new store" if created_new else "store"
+    with _summary_of(f"the store was changed: {count} documents imported into {where} {path}"):
+        if as_json:
+            render.json_line({"imported": count, "created": created_new, "path": path})
+        else:
+            click.echo(f"Imported {count} documents into {where} {path}.")
 
 
 @cli.command()
@@ -1538,7 +1630,8 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     """
     with open_store(path, readonly=True) as store, _doc_progress("Copying", len(store)) as progress:
         report = store.backup(dest, progress)
-    render.render_backup(report, as_json)
+    with _summary_of(f"the backup was written to {dest}"):
+        render.render_backup(report, as_json)
 
 
 # -- Spark ----------------------------------------------------------------------------------------
@@ -1702,10 +1795,11 @@ def spark_load(
         "seconds": report.seconds,
         "check": "ok" if report.check_ok else "failed",
     }
-    if as_json:
-        render.json_line({"summary": summary})
-    else:
-        click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
+    with _summary_of(f"the store was loaded at {report.path}"):
+        if as_json:
+            render.json_line({"summary": summary})
+        else:
+            click.echo(", ".join(f"{name} {value}" for name, value in summary.items()))
 
 
 # -- demo -----------------------------------------------------------------------------------------
@@ -1766,10 +1860,11 @@ def demo(
     """
     config = MinHashConfig(num_perm=num_perm, scheme=scheme)  # type: ignore[arg-type]
     result = run_demo(docs, groups, seed, threshold, config, path)
-    if as_json:
-        render.demo_json(result)
-    else:
-        render.demo_table(result)
+    with _summary_of(None if path is None else f"the demo store was kept at {path}"):
+        if as_json:
+            render.demo_json(result)
+        else:
+            render.demo_table(result)
 
 
 def main() -> None:

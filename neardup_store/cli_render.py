@@ -268,10 +268,13 @@ def render_stats(stats: StoreStats, as_json: bool) -> None:
 
 
 def render_check(report: CheckReport, as_json: bool) -> None:
-    """Violations found (and what remains after a repair), then a one-line verdict."""
+    """Violations found (and what remains after a repair), then a one-line verdict. A
+    violation's key (a damaged record's, say) prints as every command prints keys, in
+    the detail and in JSON's ``key``, so that ``remove`` takes it as it is."""
     if as_json:
         for v in report.violations:
-            json_line({"kind": v.kind, "detail": v.detail, "doc_id": v.doc_id})
+            key = None if v.key is None else key_text(v.key)
+            json_line({"kind": v.kind, "detail": v.detail, "doc_id": v.doc_id, "key": key})
         json_line(
             {
                 "summary": {

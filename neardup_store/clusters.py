@@ -21,13 +21,18 @@ def connected_components(count: int, pairs: npt.NDArray[np.int64]) -> npt.NDArra
     logarithmic in the component diameter on typical inputs.
 
     Raises:
-        InvalidParameterError: ``count`` is no integer >= 0, or ``pairs`` is not ``(m, 2)``
-            integers or names a node outside ``range(count)``.
+        InvalidParameterError: ``count`` is no integer >= 0 or more labels than memory
+            holds, or ``pairs`` is not ``(m, 2)`` integers or names a node outside
+            ``range(count)``.
     """
     nodes = integer(count)
-    if nodes is None or nodes < 0:
-        raise InvalidParameterError("count", count, "an integer >= 0: the number of nodes")
-    labels = np.arange(nodes, dtype=np.int64)
+    expected = "an integer >= 0: the number of nodes, one int64 label each in memory"
+    if nodes is None or not 0 <= nodes <= np.iinfo(np.int64).max:
+        raise InvalidParameterError("count", count, expected)
+    try:
+        labels = np.arange(nodes, dtype=np.int64)
+    except (ValueError, MemoryError):  # numpy's "Maximum allowed size exceeded", or no room
+        raise InvalidParameterError("count", count, expected) from None
     pairs = np.asarray(pairs)
     if pairs.ndim and len(pairs) == 0:
         return labels

@@ -473,8 +473,30 @@ def pack_metadata(metadata: object) -> bytes | None:
     try:  # the safe decoder rejects some encodable values (maps with int or tuple keys)
         _unpack(packed)
     except ValueError as err:
-        raise MetadataError(f"it would not read back ({err})") from None
+        key_type = _bad_map_key(metadata)
+        if key_type is None:
+            raise MetadataError(f"it would not read back ({err})") from None
+        raise MetadataError(
+            f"it would not read back: map keys must be str or bytes, not {key_type.__name__}"
+        ) from None
     return packed
+
+
+def _bad_map_key(value: object) -> type | None:
+    """The type of the first map key in ``value`` that is no str or bytes (the decoder
+    refuses any other, as a guard against hash flooding), or ``None``. ``value`` packed,
+    so its nesting is bounded by msgpack's limit."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, (str, bytes)):
+                    return type(key)
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return None
 
 
 def _unpack(data: bytes) -> Any:

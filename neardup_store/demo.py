@@ -36,7 +36,9 @@ class DemoCorpus:
 
 
 def make_corpus(documents: int = 400, planted_groups: int = 40, seed: int = 7) -> DemoCorpus:
-    """Build ``documents`` texts of which ``planted_groups`` groups are near-duplicates."""
+    """Build exactly ``documents`` texts, of which up to ``planted_groups`` groups are
+    near-duplicates (fewer when the documents run out first: the last group's copies
+    stop at ``documents``, and an original left without a copy is no group)."""
     rng = random.Random(seed)
     vocabulary = sorted(
         {"".join(rng.choices(_SYLLABLES, k=rng.randint(1, 4))) for _ in range(3000)}
@@ -48,7 +50,11 @@ def make_corpus(documents: int = 400, planted_groups: int = 40, seed: int = 7) -
         group = [len(texts)]
         texts.append(_render(original))
         if len(planted_indices) < planted_groups:
-            copies = rng.randint(1, 3)
+            # Drawn as before, then capped: a corpus whose groups fit in ``documents``
+            # is the one earlier releases made for the same seed.
+            copies = min(rng.randint(1, 3), documents - len(texts))
+            if not copies:
+                break
             previous = original
             for _ in range(copies):
                 source = previous if rng.random() < 0.3 else original  # edits of edits

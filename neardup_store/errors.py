@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ def real(value: object) -> float | None:
     return None
 
 
+def choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """``value`` as the plain ``str`` of ``choices`` it equals (numpy's ``str_``, which
+    arrays hand out, included), else :class:`InvalidParameterError`.
+
+    The type is checked before the membership: numpy compares an array with each choice
+    element by element, so ``in`` let a 0-d array equal to a choice through (and kept it,
+    unhashable and unencodable) and raised a raw ``ValueError`` for a longer one.
+    """
+    if isinstance(value, str) and value in choices:
+        return choices[choices.index(value)]
+    raise InvalidParameterError(name, value, f"a str, one of {', '.join(choices)}")
+
+
 def check_flags(**flags: object) -> None:
     """Raise :class:`InvalidParameterError` for the first of ``flags`` that is not a bool.
 
@@ -112,13 +126,32 @@ def check_progress(progress: object) -> None:
 
 
 def path_of(value: object) -> Path:
-    """``value`` as a :class:`~pathlib.Path` if it is a ``str`` or ``os.PathLike``; else
-    :class:`InvalidParameterError` (``Path`` raised a plain ``TypeError``)."""
+    """``value`` as a :class:`~pathlib.Path` if it is a ``str`` or ``os.PathLike`` that
+    the operating system can name a file by; else :class:`InvalidParameterError`
+    (``Path`` raised a plain ``TypeError``, and the first file system call a raw
+    ``ValueError`` for a NUL or ``UnicodeEncodeError`` for a lone surrogate)."""
     if isinstance(value, str | os.PathLike):
         try:
-            return Path(value)
+            path = Path(value)
+            encoded = os.fsencode(path)
         except TypeError:  # a PathLike whose __fspath__ returns bytes
             pass
+        except UnicodeEncodeError as err:
+            character = err.object[err.start : err.end]
+            raise InvalidParameterError(
+                "path",
+                value,
+                f"a file system path whose characters the file name encoding "
+                f"({sys.getfilesystemencoding()}) can represent, which {character!r} is not",
+            ) from None
+        else:
+            if b"\0" not in encoded:
+                return path
+            raise InvalidParameterError(
+                "path",
+                value,
+                "a file system path without a NUL character ('\\x00'), which no file name holds",
+            )
     raise InvalidParameterError("path", value, "a file system path: a str or os.PathLike")
 
 
@@ -187,12 +220,15 @@ class BatchTypeError(NeardupError, TypeError):
         items: str = "documents",
         single: str = "signature() / hash_document()",
     ) -> None:
-        hint = (
-            f"for one, call {single}, or wrap it in a list"
-            if isinstance(value, (str, bytes, bytearray, memoryview))
-            else f"pass a list (or any iterable) of {items}"
-        )
-        super().__init__(f"expected an iterable of {items}, got {type(value).__name__}; {hint}")
+        got = type(value).__name__
+        if isinstance(value, (str, bytes, bytearray, memoryview)):
+            hint = f"for one, call {single}, or wrap it in a list"
+        elif getattr(value, "shape", None) == ():  # a numpy scalar or 0-d array: one value
+            got = f"a 0-d {got} (one value)"
+            hint = f"pass a list (or any iterable) of {items}, or for one, call {single}"
+        else:
+            hint = f"pass a list (or any iterable) of {items}"
+        super().__init__(f"expected an iterable of {items}, got {got}; {hint}")
         self.value_type = type(value)
 
 
@@ -308,12 +344,30 @@ def _shown_key(key: object) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
-class InvalidKeyError(NeardupError, ValueError):
-    """A document key is of the wrong type, empty or too long."""
+class InvalidKeyError(DocumentError, ValueError):
+    """A document key is of the wrong type, empty or too long. In a batch, ``index`` is
+    its item's position among the call's items (placed in the whole call as a
+    document's is): a refused key's repr (``None``, ``''``) would not find it there."""
 
-    def __init__(self, key: object, reason: str) -> None:
-        super().__init__(f"invalid document key {_shown_key(key)}: {reason}")
-        self.key, self.reason = key, reason
+    def __init__(self, key: object, reason: str, index: int | None = None) -> None:
+        self.key, self.reason, self.index = key, reason, index
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = self._where("item #{}: ", "")
+        return f"{where}invalid document key {_shown_key(self.key)}: {self.reason}"
+
+
+class InvalidItemError(DocumentError, InvalidParameterError):
+    """An item of a batch that is not a ``(key, document[, metadata])`` tuple: an
+    :class:`InvalidParameterError` of ``item``, placed by ``index`` as a key is."""
+
+    def __init__(self, value: object, expected: str, index: int | None = None) -> None:
+        self.index = index
+        InvalidParameterError.__init__(self, "item", value, expected)
+
+    def _describe(self) -> str:
+        return f"{self._where('item #{}: ', '')}{self.args[0]}"
 
 
 class MetadataError(DocumentError, ValueError):
@@ -330,8 +384,8 @@ class MetadataError(DocumentError, ValueError):
         if self.key is not None:
             where += f"(key {_shown_key(self.key)}) "
         return (
-            f"{where}metadata rejected: {self.reason}; use small values of dict/list/str/"
-            "bytes/int/float/bool/None"
+            f"{where}metadata rejected: {self.reason}; use small values of dict (with str "
+            "or bytes keys)/list/str/bytes/int/float/bool/None"
         )
 
 

@@ -46,11 +46,13 @@ only raises it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import fnmatch
 import itertools
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -302,12 +304,15 @@ def _read_inputs(
             continue
         target = Path(name)
         if target.is_dir():
-            for file in walk_directory(target, include):
-                yield from _read_file(file, jsonl, id_field, text_field, encoding)
+            for entry in walk_inputs(target, include):
+                if isinstance(entry, Failure):
+                    yield entry
+                else:
+                    yield from _read_file(entry, jsonl, id_field, text_field, encoding)
         elif target.exists():
             yield from _read_file(target, jsonl, id_field, text_field, encoding)
         elif (err := _stat_error(target)) is not None:  # a symbolic-link loop, say
-            yield _unreadable(name, err)
+            yield unreadable(name, err)
         else:
             shown = path_text(name)
             yield Failure(shown, "no such file or directory", shown, error="FileNotFoundError")
@@ -342,16 +347,66 @@ def path_text(name: str) -> str:
 
 
 def walk_directory(directory: Path, include: Sequence[str]) -> Iterator[Path]:
-    """Files under ``directory`` matching a glob, sorted so runs are repeatable."""
-    found = []
-    for root, dirs, files in os.walk(directory):
+    """Files under ``directory`` matching a glob, sorted so runs are repeatable: the
+    paths of :func:`walk_inputs`, without what it reports as unusable."""
+    return (entry for entry in walk_inputs(directory, include) if isinstance(entry, Path))
+
+
+def walk_inputs(directory: Path, include: Sequence[str]) -> Iterator[Path | Failure]:
+    """The files under ``directory`` matching a glob, and a :class:`Failure` for each
+    directory that cannot be listed (the top one included) and each matching entry that
+    is no regular file, all sorted by path so that runs are repeatable.
+
+    Without the failures, a directory that could not be listed was left out in silence
+    (``add`` said "failed 0" and exited 0), and a named pipe met on the walk was opened
+    and waited on for ever. A pipe or device named on its own is still read (by
+    :func:`read_inputs`): there the user chose it. A symbolic link is judged by what it
+    points to; a broken one stays a path, whose open reports it.
+    """
+    found: list[tuple[Path, Path | Failure]] = []
+
+    def unlisted(err: OSError) -> None:
+        where = Path(err.filename if err.filename is not None else directory)
+        found.append((where, unreadable(str(where), err)))
+
+    for root, dirs, files in os.walk(directory, onerror=unlisted):
         dirs.sort()
         for file_name in files:
             file = Path(root, file_name)
             relative = file.relative_to(directory).as_posix()
             if any(fnmatch.fnmatch(file_name, g) or fnmatch.fnmatch(relative, g) for g in include):
-                found.append(file)
-    return iter(sorted(found))
+                kind = _special_kind(file)
+                found.append((file, file if kind is None else _special_file(file, kind)))
+    return iter([entry for _, entry in sorted(found, key=lambda item: item[0])])
+
+
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is if it is no regular file (``None`` for a regular file, and for a
+    path that cannot be looked at: opening it reports why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "no regular file")
+
+
+def _special_file(path: Path, kind: str) -> Failure:
+    shown = path_text(str(path))
+    reason = (
+        f"{kind}, not a regular file: a directory's walk reads regular files only "
+        "(name it on its own to read it)"
+    )
+    return Failure(shown, reason, shown, error="OSError")
 
 
 def _read_file(
@@ -360,7 +415,7 @@ def _read_file(
     try:
         stream = path.open("rb")
     except OSError as err:
-        yield _unreadable(str(path), err)
+        yield unreadable(str(path), err)
         return
     with stream:
         yield from _read_stream(stream, str(path), jsonl, id_field, text_field, encoding)
@@ -371,7 +426,11 @@ def _read_stream(
 ) -> Iterator[Record | Failure]:
     shown = path_text(name)
     if jsonl:
-        for number, raw in enumerate(stream, 1):
+        for numbered in input_lines(stream, name):
+            if isinstance(numbered, Failure):
+                yield numbered
+                continue
+            number, raw = numbered
             if raw.strip():
                 where = f"{shown}:{number}"
                 item = parse_line(raw, where, id_field, text_field, encoding, shown, number)
@@ -380,7 +439,7 @@ def _read_stream(
     try:
         data = stream.read()
     except OSError as err:
-        yield _unreadable(name, err)
+        yield unreadable(name, err)
         return
     try:
         yield Record(path_key(name), decode_text(data, encoding), None, shown, file=shown)
@@ -401,7 +460,19 @@ def _stat_error(path: Path) -> OSError | None:
     return None
 
 
-def _unreadable(name: str, err: OSError) -> Failure:
+def input_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes] | Failure]:
+    """The lines of the input ``name`` numbered from 1, and then, if reading it fails
+    part-way (a failing disk, NFS, FUSE), :func:`unreadable`'s failure for it: the lines
+    read before it stand, as they would before a malformed line."""
+    try:
+        yield from enumerate(stream, 1)
+    except OSError as err:
+        yield unreadable(name, err)
+
+
+def unreadable(name: str, err: OSError) -> Failure:
+    """The failure for an input ``name`` that cannot be opened, listed or read: the one
+    wording of it, for a failure in a report and for an ``Error:`` line alike."""
     shown = path_text(name)
     reason = f"cannot read it: {err.strerror or err}"
     return Failure(shown, reason, shown, error=type(err).__name__)
@@ -1057,6 +1128,8 @@ def dedup(
             the one it read (replaced or truncated), an output is shorter than it records,
             or the store's commit counter is below what the job's last batch saw (not the
             store it wrote to, or an older state of it).
+        OSError: reading the input or writing an output failed part-way: the error
+            names the file and says that the batches before it are committed.
     """
     check_batch_size(batch_size, allow_auto=False)
     fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
@@ -1073,7 +1146,8 @@ def dedup(
         at, done = _resolve(store, state), state.done
         _check_store(store, at, sidecar)  # before anything is written
         resumed_from = at.line
-        grown = _check_input(paths[0], at, sidecar)  # on every resume, finished or not
+        with _reading(paths[0]):
+            grown = _check_input(paths[0], at, sidecar)  # on every resume, finished or not
         done = done and not grown  # lines appended to a finished job's input: read on
         _truncate(paths[1], at.keep_bytes, sidecar)
         _truncate(paths[2], at.dropped_bytes, sidecar)
@@ -1103,10 +1177,11 @@ def dedup(
             outputs = _Outputs(keep, dropped, failed, failures)
             source.seek(at.input_offset)
             while True:
-                lines, (line, offset) = _read_lines(source, batch_size, at.line)
-                if not lines:
-                    break
-                end = (line, offset, _tail_digest(source, offset))
+                with _reading(paths[0]):
+                    lines, (line, offset) = _read_lines(source, batch_size, at.line)
+                    if not lines:
+                        break
+                    end = (line, offset, _tail_digest(source, offset))
                 at = _dedup_batch(store, lines, end, at, outputs, job, sidecar, threshold)
                 _save_state(sidecar, job, at, None, None)
                 if on_batch is not None:
@@ -1121,12 +1196,32 @@ def dedup(
                     )
                     on_batch(progress)
             source.seek(at.input_offset)  # what is left: blank lines, then perhaps one cut short
-            held_back = len(source.read().lstrip())
+            with _reading(paths[0]):
+                held_back = len(source.read().lstrip())
         _save_state(sidecar, job, at, None, None, done=True)
     except KeyboardInterrupt as err:
         at = _interrupted_at(store, sidecar, at, err)
         raise Interrupted(report()) from err
     return report()
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A read of the input that fails part-way (a failing disk, NFS, FUSE) as an error
+    that names the input, as an output's write error does (:func:`_write_synced`), and
+    says what is committed: a bare ``OSError`` names no file, and the CLI took it for a
+    bug (a traceback). Its start was read before anything was created
+    (:func:`_checked_job`), so a job whose input cannot be read at all leaves nothing."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
+            err.filename = str(path)
+        err.add_note(
+            "nothing of the batch being read was committed, any batches before it were: "
+            "once the input can be read, run the same command again to resume after them"
+        )
+        raise
 
 
 def _interrupted_at(
@@ -1208,7 +1303,8 @@ def check_dedup_paths(
 
     Raises:
         InvalidParameterError: the threshold is invalid, the input is not a regular file
-            (a resume seeks in it), an output's directory does not exist, an output is no
+            (a resume seeks in it) or its start cannot be read (no permission, an I/O
+            error), an output's directory does not exist, an output is no
             regular file (a resume cuts it back), or an output would destroy a file the
             job needs (:func:`refuse_clashing_paths`).
         DedupStateError: the progress file beside the keep file is damaged, records
@@ -1261,6 +1357,10 @@ def _checked_job(
             if paths[0].exists()
             else "an existing file",
         )
+    if (err := _read_error(paths[0])) is not None:  # refused before a store is created
+        raise InvalidParameterError(
+            "input", str(input_jsonl_path), f"a file that can be read (it gives: {err})"
+        )
     outputs = list(zip(("keep", "dropped"), paths[1:], strict=True))
     for name, path in outputs:
         if not path.parent.is_dir():
@@ -1286,6 +1386,18 @@ def _checked_job(
         **fields,
     }
     return paths, job, _load_state(sidecar, job)
+
+
+def _read_error(path: Path) -> str | None:
+    """Why the start of ``path`` cannot be read (no permission, an I/O error), or
+    ``None``: a file that opens may still fail its first read (a failing disk, NFS,
+    FUSE)."""
+    try:
+        with path.open("rb") as source:
+            source.read(1)
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def refuse_clashing_paths(
@@ -1349,6 +1461,8 @@ def _file_ids(directories: Sequence[Path]) -> dict[tuple[int, int], Path]:
     the file's path."""
     found: dict[tuple[int, int], Path] = {}
     for directory in directories:
+        # A subdirectory that cannot be listed is passed over: its files cannot be read
+        # through it either (add reports it, :func:`walk_inputs`), so no input is there.
         for root, _, files in os.walk(directory):
             for name in files:
                 file = Path(root, name)

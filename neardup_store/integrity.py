@@ -49,13 +49,14 @@ import numpy.typing as npt
 from . import codec, lmdbfile
 from .band_cache import BandCache
 from .errors import PROGRESS_EVERY, check_flags, check_progress
+from .ingest import key_text
 from .lsh import LSHParams, band_keys
 from .minhash import MinHashConfig
 from .store import META_COUNT_LIMITS, id_after, meta_count_ok
 
 if TYPE_CHECKING:
     from .store import Store
-    from .txn import ReadTxn, WriteTxn
+    from .txn import Key, ReadTxn, WriteTxn
 
 _Progress = Callable[[int], None]
 
@@ -88,13 +89,18 @@ class Violation:
 
     Attributes:
         kind: one of :data:`VIOLATION_KINDS`.
-        detail: what is wrong, in words.
+        detail: what is wrong, in words. A key in it is written as ``neardup-admin``
+            prints keys (:func:`.ingest.key_text`: ``b"\\x00\\xff"`` as ``hex:00ff``, the
+            str key ``"hex:00ff"`` as ``\\hex:00ff``), the form ``remove`` takes back.
         doc_id: the internal id of the document involved, if one is.
+        key: the document's key itself, where one is involved and can be read (a
+            damaged record's, from the keys table), for a program to act on.
     """
 
     kind: str
     detail: str
     doc_id: int | None = None
+    key: Key | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,17 @@ def _stray_tables(store: Store, txn: lmdb.Transaction) -> list[bytes]:
         return [bytes(name) for name in cursor.iternext(values=False) if name not in expected]
 
 
+def _keys_entry(index: bytes) -> tuple[str, Key | None]:
+    """How a violation names a ``keys`` table entry, and the key it holds: by that key
+    as the CLI prints keys, else (a long key, which only its hash names, or a damaged
+    entry) by the entry itself in hex."""
+    key = codec.key_of_index(index)
+    if key is not None:
+        return f"keys entry of key {key_text(key)}", key
+    hashed = " (a long key's hash)" if index[:1] in (b"S", b"B") else ""
+    return f"keys entry {index.hex()}{hashed}", None
+
+
 class _Checker:
     """One pass of the check over one snapshot, collecting violations."""
 
@@ -157,8 +174,10 @@ class _Checker:
         self.missing = [0] * store.banding.bands
         self.stale = False  # the snapshot's meta page was overwritten before the walk
 
-    def add(self, kind: str, detail: str, doc_id: int | None = None) -> None:
-        self.found.append(Violation(kind, detail, doc_id))
+    def add(
+        self, kind: str, detail: str, doc_id: int | None = None, key: Key | None = None
+    ) -> None:
+        self.found.append(Violation(kind, detail, doc_id, key))
 
     def run(self, walk: bool = True) -> None:
         if walk and (not self.structure() or self.stale):
@@ -343,13 +362,15 @@ class _Checker:
     def key_entry(self, raw_id: bytes, doc_id: int, key: str | bytes) -> None:
         raw, is_str = (key.encode("utf-8"), True) if isinstance(key, str) else (key, False)
         found = self.txn.get(codec.key_index(raw, is_str), db=self.store._keys_db)
+        shown = key_text(key)
         if found is None:
-            self.add("key-missing", f"key {key!r} of record {doc_id} is not indexed", doc_id)
+            self.add("key-missing", f"key {shown} of record {doc_id} is not indexed", doc_id, key)
         elif bytes(found) != raw_id:
             self.add(
                 "key-mismatch",
-                f"key {key!r} of record {doc_id} is indexed to id {bytes(found).hex()}",
+                f"key {shown} of record {doc_id} is indexed to id {bytes(found).hex()}",
                 doc_id,
+                key,
             )
 
     def band_entries(self, batch: list[tuple[bytes, npt.NDArray[np.uint32]]]) -> None:
@@ -377,15 +398,17 @@ class _Checker:
                     self.name_damaged(value, index)
                     continue
                 record = self.txn.get(value, db=docs_db) if len(value) == 8 else None
+                entry, key = _keys_entry(index)
                 if record is None:
-                    self.add("key-orphan", f"keys entry {index!r} points to no record")
+                    self.add("key-orphan", f"{entry} points to no record", key=key)
                     continue
                 doc_id = codec.decode_id(value)
                 if codec.key_index(*codec.record_key(record, doc_id)) != index:
                     self.add(
                         "key-orphan",
-                        f"keys entry {index!r} points to record {doc_id}, which has another key",
+                        f"{entry} points to record {doc_id}, which has another key",
                         doc_id,
+                        key,
                     )
 
     def name_damaged(self, raw_id: bytes, index: bytes) -> None:
@@ -394,13 +417,14 @@ class _Checker:
         key = codec.key_of_index(index)
         doc_id = codec.decode_id(raw_id) if len(raw_id) == codec.ID_BYTES else None
         advice = (
-            f"key {key!r}: remove it by that key, run check --repair, then add it again"
+            f"key {key_text(key)}: remove it by that key, run check --repair, then add it again"
             if key is not None
             else "its key is too long to read back from the keys table; restore from a backup"
         )
         for i, violation in enumerate(self.found):
             if violation.doc_id == doc_id and violation.kind in _UNREADABLE:
-                self.found[i] = replace(violation, detail=f"{violation.detail} ({advice})")
+                detail = f"{violation.detail} ({advice})"
+                self.found[i] = replace(violation, detail=detail, key=key)
 
     def band_orphans(self, band: int, db: Any) -> None:
         split = self.store._band_layout.split

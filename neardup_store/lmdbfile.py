@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import platform
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -561,6 +562,122 @@ def _unmap(mapped: mmap.mmap) -> None:
     the error (a Ctrl-C, say) goes on as itself instead of becoming ``BufferError``."""
     with suppress(BufferError):
         mapped.close()
+
+
+CUT_SHORT_ATTEMPTS = 3
+"""How many times :func:`cut_short` reads the file again when a writer committed while it
+read (its answer is then about a snapshot that may be gone)."""
+
+
+def cut_short(path: str | os.PathLike[str]) -> str | None:
+    """Why ``data.mdb`` at ``path`` is too short for the newest snapshot its meta pages
+    describe, or ``None`` when every page of that snapshot's trees lies in the file (or
+    the meta pages cannot tell; LMDB's own open then says what is wrong).
+
+    LMDB reads the file through a map as large as the map size, so a tree page past the
+    end of a cut file (an interrupted copy or restore, a full disk) kills the process
+    with SIGBUS at the first read of it, and the meta table's leaf, copied on every
+    write, is usually among the last pages. A sound file may end before its last page
+    too (the pages a transaction took and freed again are counted but never written,
+    see the module docstring); those are free. So this costs two page reads when the
+    file holds every page, and otherwise one walk of the free list, which must hold
+    every page from the end of the file on; only a damaged file is walked whole
+    (:func:`_pages_past_end`). A writer of another process never overwrites the pages
+    of the newest snapshot before it commits the next one, so a read that began and
+    ended on the same newest transaction is of one snapshot; one that did not is read
+    again.
+    """
+    for _ in range(CUT_SHORT_ATTEMPTS):
+        with _mapped(Path(path)) as data:
+            newest = _newest_meta(data)
+            if newest is None:
+                return None
+            problem = _pages_past_end(data, newest)
+        if problem is None:
+            return None
+        with open(path, "rb") as file:
+            again = _newest_meta(file.read(2 * max(_PAGE_SIZES)))
+        if again is not None and again.txnid == newest.txnid:
+            return problem
+    return None  # writers keep committing: a live file, which LMDB itself is writing
+
+
+def _newest_meta(data: bytes | mmap.mmap) -> MetaPage | None:
+    """The meta page LMDB opens (the higher transaction id), if one is usable."""
+    good = [
+        meta
+        for meta in read_meta_pages(data)
+        if isinstance(meta, MetaPage) and meta.magic == MAGIC and meta.page_size in _PAGE_SIZES
+    ]
+    return max(good, key=lambda meta: meta.txnid, default=None)
+
+
+def _pages_past_end(data: bytes | mmap.mmap, meta: MetaPage) -> str | None:
+    """Which page of ``meta``'s trees lies past the end of ``data``, in words, or ``None``
+    if none does.
+
+    The free list is walked first: when every page past the end is in it, that is all.
+    Otherwise the whole snapshot is walked (the file is damaged either way), to tell a
+    file cut short, whose trees reach past its end, from a damaged meta page or free
+    list, which leave the pages past the end unowned: the open passes those over, and
+    :func:`walk` (``check``) reports them.
+    """
+    size, psize = len(data), meta.page_size
+    reach = (meta.last_page + 1) * psize
+    if size >= reach or reach > meta.map_size:  # (past the map: a damaged meta page)
+        return None
+    start = max(size // psize, 2)  # the first page not wholly in the file (or no meta)
+    walker = _Walker(data, meta, spans=False)
+    with suppress(_DamagedError):
+        walker.tree(_without_env_flags(meta.free_list), FREE_LIST)
+    free = sum(page >= start for page, owner in walker.report.owners.items() if owner == FREE)
+    # Free pages are distinct and at most the last page, so counting those past the end
+    # tells whether all of them are free, without a loop over a damaged, huge last page.
+    if not walker.report.problems and free == meta.last_page + 1 - start:
+        return None
+    owners = _Walker(data, meta, spans=False).run(meta, None).owners
+    beyond = sorted((page, tree) for page, tree in owners.items() if page >= start and tree != FREE)
+    if not beyond:
+        return None
+    page, tree = beyond[0]
+    return (
+        f"data.mdb is {size} bytes, short of the {reach} its pages reach, and page {page} "
+        f"of {tree} lies past its end: the file was cut short"
+    )
+
+
+LOCK_FORMAT = 0x10001
+"""``mtb_format`` of the lock file LMDB 0.9 writes with POSIX mutexes (``MDB_LOCK_FORMAT``:
+lock version 1, ``MDB_PIDLOCK``; LMDB's ``mdb.c``)."""
+_LOCK_TXNID_AT = {"x86_64": 48, "amd64": 48}
+"""Where the lock file keeps the id of the last committed transaction (``mtb_txnid``):
+after the magic, the format and the reader table's ``pthread_mutex_t`` (40 bytes on
+x86-64; LMDB's ``mdb.c``, struct ``MDB_txbody``). Elsewhere it is not read."""
+
+
+def lock_file_txnid(path: str | os.PathLike[str]) -> int | None:
+    """The id of the last transaction committed to the environment, as its lock file
+    ``lock.mdb`` at ``path`` records it, or ``None`` where that is not known (no such
+    file, another layout, or a machine whose layout is not listed above).
+
+    LMDB keeps the id there for its own convenience, and sets it at each commit and when
+    a process opens the environment first; it survives the data file, so it tells a
+    ``data.mdb`` cut to nothing from one a creation never wrote.
+    """
+    offset = _LOCK_TXNID_AT.get(platform.machine().lower())
+    if offset is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            head = file.read(offset + 8)
+    except OSError:
+        return None
+    if len(head) < offset + 8:
+        return None
+    magic, layout = struct.unpack_from("<II", head)
+    if magic != MAGIC or layout != LOCK_FORMAT:
+        return None
+    return int(_U64.unpack_from(head, offset)[0])
 
 
 def walk(

@@ -47,9 +47,10 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidParameterError, check_flags, integer, real
+from .errors import InvalidParameterError, check_flags, choice, integer, real
 from .hashing import U64, derive_keys, fmix64
-from .minhash import DEFAULT_NUM_PERM, MAX_NUM_PERM, valid_seed
+from .minhash import DEFAULT_NUM_PERM, MAX_NUM_PERM
+from .text import valid_seed
 
 _ROW_MULT = U64(0x9FB21C651E98DF25)
 _S29 = U64(29)
@@ -58,12 +59,10 @@ _S29 = U64(29)
 def _check_threshold(threshold: float) -> float:
     value = real(threshold)
     if value is None or not 0.0 < value < 1.0:
-        raise InvalidParameterError(
-            "threshold",
-            threshold,
-            "a number strictly between 0 and 1 to choose bands and rows for"
-            " (a threshold of 1 needs bands= and rows= given)",
-        )
+        expected = "a number strictly between 0 and 1 to choose bands and rows for"
+        if value == 1.0:  # the one value outside that a store can still be made for
+            expected += " (a threshold of 1 needs bands= and rows= given)"
+        raise InvalidParameterError("threshold", threshold, expected)
     return value
 
 
@@ -108,8 +107,7 @@ class LSHParams:
             if value is None or value < 1:
                 raise InvalidParameterError(name, getattr(self, name), "an integer >= 1")
             object.__setattr__(self, name, value)  # numpy's integers are made plain ints
-        if self.keys not in KEY_SCHEMES:
-            raise InvalidParameterError("keys", self.keys, f"one of {', '.join(KEY_SCHEMES)}")
+        object.__setattr__(self, "keys", choice("keys", self.keys, KEY_SCHEMES))
 
     @property
     def width(self) -> int:
@@ -126,16 +124,37 @@ class LSHParams:
         return s_curve(similarity, self.bands, self.rows)
 
     def false_positive_area(self, threshold: float) -> float:
-        """``∫_0^t P(s) ds``: candidate probability mass below the threshold."""
-        return float(
-            _areas(np.array([self.bands]), np.array([self.rows]), _check_threshold(threshold))[0][0]
-        )
+        """``∫_0^t P(s) ds``: candidate probability mass below the threshold.
+
+        Raises:
+            InvalidParameterError: ``threshold`` is not in (0, 1), or ``bands * rows``
+                exceeds ``MAX_NUM_PERM`` (see :meth:`_exact_areas`).
+        """
+        return self._exact_areas(threshold)[0]
 
     def false_negative_area(self, threshold: float) -> float:
-        """``∫_t^1 (1 - P(s)) ds``: missed probability mass above the threshold."""
-        return float(
-            _areas(np.array([self.bands]), np.array([self.rows]), _check_threshold(threshold))[1][0]
-        )
+        """``∫_t^1 (1 - P(s)) ds``: missed probability mass above the threshold.
+
+        Raises:
+            InvalidParameterError: as :meth:`false_positive_area`.
+        """
+        return self._exact_areas(threshold)[1]
+
+    def _exact_areas(self, threshold: float) -> tuple[float, float]:
+        """Both areas, exactly, for a banding no wider than the longest signature: the
+        quadrature needs about ``width / 2`` nodes, made from a dense matrix of that
+        size squared, which from 16384 values on did not fit in memory (a raw
+        ``MemoryError``) and from 8192 on took minutes."""
+        threshold = _check_threshold(threshold)
+        if self.width > MAX_NUM_PERM:
+            raise InvalidParameterError(
+                "bands*rows",
+                f"{self.bands}*{self.rows}={self.width}",
+                f"at most {MAX_NUM_PERM} (MAX_NUM_PERM, the longest signature) for the areas "
+                "and rates; use fewer bands or rows (probability() has no such limit)",
+            )
+        fp, fn = _areas(np.array([self.bands]), np.array([self.rows]), threshold)
+        return float(fp[0]), float(fn[0])
 
     def false_positive_rate(self, threshold: float) -> float:
         """Mean candidate probability of a pair whose similarity is uniform on ``[0, t)``."""
@@ -421,6 +440,10 @@ def candidate_pairs(keys: npt.NDArray[np.uint64], key_bits: int = 64) -> npt.NDA
     if keys.ndim != 2:
         raise InvalidParameterError(
             "keys", f"shape {keys.shape}", "(documents, bands), as band_keys returns"
+        )
+    if keys.size and not np.issubdtype(keys.dtype, np.integer):  # NaN, str, object keys
+        raise InvalidParameterError(
+            "keys", f"{keys.dtype} array", "integer band keys (uint64), as band_keys returns"
         )
     bits = integer(key_bits)
     if bits is None or not 1 <= bits <= 64:

@@ -378,8 +378,14 @@ def _table_stats(store: Store, txn: lmdb.Transaction) -> list[dict[str, int]]:
 
 def _table_pages(store: Store, txn: lmdb.Transaction) -> int:
     """Pages holding table data: the main DB's and every table's of this store."""
-    main = store._require_env().open_db(None)
-    return _pages(txn.stat(main)) + sum(_pages(table) for table in _table_stats(store, txn))
+    return _main_pages(store, txn) + sum(_pages(table) for table in _table_stats(store, txn))
+
+
+def _main_pages(store: Store, txn: lmdb.Transaction) -> int:
+    """Pages of LMDB's main table (of table names) in ``txn``'s snapshot. Its handle is
+    fetched through ``txn``: without one, ``open_db`` begins a read transaction of its
+    own, which a full reader table refused with a raw ``lmdb.ReadersFullError``."""
+    return _pages(txn.stat(store._require_env().open_db(None, txn=txn)))
 
 
 def stats(store: Store, largest: int = 5) -> StoreStats:
@@ -901,7 +907,7 @@ def _chunk_pages(store: Store, txn: lmdb.Transaction) -> int:
     commits = sum(int(table["entries"]) for table in tables) // _COPY_CHUNK
     if not commits:
         return 0
-    main = _pages(txn.stat(store._require_env().open_db(None)))
+    main = _main_pages(store, txn)
     depth = max(int(table["depth"]) for table in tables)
     return min(commits, 3) * (2 * depth + main + _FREE_LIST_PAGES) + _FREE_LIST_PAGES
 

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import kernels, streamed
-from .errors import InvalidParameterError, integer
+from .errors import InvalidParameterError, choice, integer
 from .hashing import U64, derive_keys, fmix64, high_bits_below
 from .text import (
     ShingleBatch,
@@ -65,6 +65,7 @@ from .text import (
     check_encoding,
     exact_fields,
     single_document,
+    valid_seed,
 )
 
 Scheme = Literal["oph", "kperm"]
@@ -108,8 +109,7 @@ class MinHashConfig:
                 "num_perm", self.num_perm, f"an integer in [1, {MAX_NUM_PERM}]"
             )
         object.__setattr__(self, "num_perm", n)  # numpy's integers are made plain ints
-        if self.scheme not in SCHEMES:
-            raise InvalidParameterError("scheme", self.scheme, f"one of {', '.join(SCHEMES)}")
+        object.__setattr__(self, "scheme", choice("scheme", self.scheme, SCHEMES))
         object.__setattr__(self, "seed", valid_seed(self.seed))
         if not isinstance(self.shingles, ShingleConfig):
             raise InvalidParameterError("shingles", self.shingles, "a ShingleConfig")
@@ -140,15 +140,6 @@ class MinHashConfig:
 
 _CONFIG_FIELDS = ("num_perm", "scheme", "seed", "shingles")
 """The keys of :meth:`MinHashConfig.to_dict`."""
-
-
-def valid_seed(seed: object) -> int:
-    """``seed`` as a plain ``int`` if it is one of the 64-bit seeds every hash here is
-    derived from (numpy's integers included), else :class:`InvalidParameterError`."""
-    value = integer(seed)
-    if value is None or not 0 <= value < 1 << 64:
-        raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
-    return value
 
 
 def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:

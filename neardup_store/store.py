@@ -42,6 +42,7 @@ import stat
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -94,7 +95,8 @@ from .txn import (
     ReadTxn,
     UniqueResult,
     WriteTxn,
-    document_item,
+    document_items,
+    key_bytes_of_item,
     prepare_batch,
 )
 
@@ -141,6 +143,13 @@ UNFINISHED_CREATION = (
     "another process is still creating it); open it with create=True to create the store"
 )
 """What :class:`NotAStoreError` finds where a creation never committed (``init`` may go on)."""
+EMPTY_DATA_FILE = (
+    "data.mdb is empty (0 bytes): a creation killed before it wrote anything leaves that, "
+    "and so does a copy or restore of a store cut to nothing; if a store was here, restore "
+    "its data.mdb from a backup, else create the store again (with create=True)"
+)
+"""What :class:`NotAStoreError` finds where ``data.mdb`` is empty and nothing tells whether
+a store was ever committed there (``init`` may go on, as after :data:`UNFINISHED_CREATION`)."""
 MAX_MAP_SIZE = 1 << 46
 """The largest map asked for: an x86-64 process has 2**47 bytes of address space, and LMDB
 maps the whole map at once."""
@@ -228,6 +237,7 @@ class Store:
         self._pid = os.getpid()
         self._env: lmdb.Environment | None = None
         self._lock_fd: int | None = None
+        self._lock_release: weakref.finalize | None = None  # closes _lock_fd if never closed
         self._identity: tuple[int, int] | None = None
         self._swept_at = -STALE_READER_CHECK_S
         # Map growth must not pull the map from under this process's open transactions.
@@ -294,12 +304,16 @@ class Store:
 
         Raises:
             StoreNotFoundError: nothing at ``path`` and ``create`` is false.
-            NotAStoreError: ``path`` is a file, an environment without our metadata, or
-                (with ``create``) a directory of other files and no store.
+            NotAStoreError: ``path`` is a file, an environment without our metadata,
+                (with ``create``) a directory of other files and no store, or a path no
+                directory can be at (a file on the way, a dangling link, a name too long).
             FormatVersionError: written by an unknown format version.
             ParamsMismatchError: a passed parameter conflicts with the stored one.
             StorePermissionError: this user may not enter the directory, read the data
                 file or write the lock files (or, to create, write the directory).
+            CorruptStoreError: the store is damaged, ``data.mdb`` cut short included (an
+                interrupted copy or restore): checked at every open, since LMDB would
+                read the missing pages through its map, which kills the process.
         """
         check_flags(create=create, read_only=read_only, durable=durable, band_cache=band_cache)
         if read_only and create:
@@ -340,6 +354,18 @@ class Store:
                 if not exists and not create:
                     if read_only:  # create=True is refused with it: advise what it can do
                         raise StoreNotFoundError(str(directory), READ_ONLY_NOT_FOUND_ADVICE)
+                    # Where create=True would refuse too, a mistyped path most likely.
+                    foreign, blocked = _foreign_files(directory), _blocked(directory)
+                    if foreign:
+                        raise StoreNotFoundError(
+                            str(directory),
+                            f"it holds other files ({foreign}): check the path (a store is "
+                            "made only in a new or empty directory)",
+                        )
+                    if blocked:
+                        raise StoreNotFoundError(
+                            str(directory), f"{blocked}, so none can be there: check the path"
+                        )
                     raise StoreNotFoundError(str(directory))
                 if not exists:
                     _refuse_foreign_files(directory)  # made meanwhile by someone else
@@ -352,22 +378,37 @@ class Store:
                     store.close()
                     raise
             return store
-        except PermissionError as err:  # ours (ReadOnlyError) are typed already
+        except OSError as err:  # ours (ReadOnlyError, StoreNotFoundError) are typed already
             if isinstance(err, NeardupError):
                 raise
-            raise StorePermissionError(
-                str(directory), f"{err.filename or directory}: {err.strerror or err}"
-            ) from None
+            if isinstance(err, PermissionError):
+                raise StorePermissionError(
+                    str(directory), f"{err.filename or directory}: {err.strerror or err}"
+                ) from None
+            typed = _unusable_path(directory, err)
+            if typed is None:
+                raise
+            raise typed from None
 
     def _open_env(self, max_dbs: int, map_size: int, max_readers: int) -> lmdb.Environment:
         self.path.mkdir(parents=True, exist_ok=True, mode=self.mode)
         if self._lock_fd is None:
-            self._lock_fd = self._open_lock_file()
-            if self._lock_fd is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            fd = self._lock_fd = self._open_lock_file()
+            if fd is not None:
+                # A Store dropped without close() must not keep the shared lock until the
+                # process exits (compact and rebuild elsewhere would refuse): the
+                # collector closes the descriptor then, and _close through this too.
+                self._lock_release = weakref.finalize(self, os.close, fd)
+                fcntl.flock(fd, fcntl.LOCK_SH)
             if not self.read_only:
                 _remove_compaction_leftovers(self.path)
         _make_as_data(self.path / "lock.mdb")  # else LMDB makes it with self.mode
+        # Under the shared lock, so no compaction swaps the file meanwhile.
+        problem = _cut_short(self.path / "data.mdb")
+        if problem is not None:
+            raise CorruptStoreError(
+                str(self.path), f"{problem} (an interrupted copy or restore, or a full disk?)"
+            )
         try:
             env = lmdb.open(
                 str(self.path),
@@ -388,7 +429,7 @@ class Store:
         except lmdb.MapResizedError:
             raise  # another process grew the map meanwhile: the open is retried
         except lmdb.ReadonlyError as err:  # py-lmdb's name for EACCES
-            raise StorePermissionError(str(self.path), f"LMDB: {err}") from None
+            raise StorePermissionError(str(self.path), self._denied(err)) from None
         except lmdb.Error as err:
             if "already open in this process" in str(err):
                 if _OPENED_BY.get(_identity(self.path), os.getpid()) != os.getpid():
@@ -408,6 +449,24 @@ class Store:
         _OPENED_BY[self._identity] = os.getpid()
         self._max_dbs = max_dbs
         return env
+
+    def _denied(self, err: lmdb.Error) -> str:
+        """What LMDB's EACCES means here: a writable open of a ``data.mdb`` this user may
+        read but not write (a shared store) is told so, and that a read-only open works;
+        anything else is LMDB's own words."""
+        data = self.path / "data.mdb"
+        effective = os.access in os.supports_effective_ids
+        if (
+            not self.read_only
+            and os.access(data, os.R_OK, effective_ids=effective)
+            and not os.access(data, os.W_OK, effective_ids=effective)
+        ):
+            return (
+                f"{data} is not writable by this user, and opening it to write needs write "
+                "access to data.mdb: open the store with read_only=True to read it, or ask "
+                "its owner for write access"
+            )
+        return f"LMDB: {err}"
 
     def _open_lock_file(self) -> int | None:
         """Our lock file, made if missing: every process that has the store open holds a
@@ -502,6 +561,9 @@ class Store:
     def _open_existing_once(
         self, asked: tuple[Any, ...], map_size: int | None, max_readers: int, create: bool
     ) -> None:
+        if self._creation_never_wrote(create):
+            self._create(resolve_params(*asked), map_size, max_readers)
+            return
         unfinished, meta = self._probe(map_size, max_readers)
         if unfinished and not create and _wait_for_creator(self.path):
             unfinished, meta = self._probe(map_size, max_readers)  # created meanwhile?
@@ -531,6 +593,42 @@ class Store:
             raise
         except lmdb.Error as err:  # a table is missing or its record is damaged
             raise CorruptStoreError(str(self.path), f"LMDB cannot open its tables: {err}") from None
+
+    def _creation_never_wrote(self, create: bool) -> bool:
+        """Whether ``data.mdb`` is empty where ``create`` may go on: a creation killed
+        before LMDB wrote its first page leaves a 0-byte file. So does a copy or restore
+        cut to nothing, so the directory decides: a ``lock.mdb`` that records commits is
+        a store cut short, refused even with ``create``. Without ``create``, so is an
+        empty file beside no creation lock, which every creation makes first (an open
+        with ``create`` has made one itself by now, so it goes on); else the open says
+        both. Decided before LMDB opens the file, since a writable open of an empty file
+        makes an empty environment of it, and its ``lock.mdb`` forgets the commits.
+
+        Raises:
+            CorruptStoreError: a store was committed here (without ``create``: no
+                creation was begun). NotAStoreError: without ``create``, an empty file
+                that no creation in progress fills.
+        """
+        data = self.path / "data.mdb"
+        if not _empty_file(data):
+            return False
+        path, cut = str(self.path), "the file was cut to nothing (an interrupted copy or restore?)"
+        committed = lmdbfile.lock_file_txnid(self.path / "lock.mdb")
+        if committed:
+            raise CorruptStoreError(
+                path, f"data.mdb is empty, though lock.mdb records {committed} commits: {cut}"
+            )
+        if create:
+            return True  # this open holds the creation lock: nobody else is creating it
+        if not (self.path / CREATE_LOCK_FILE).exists():
+            raise CorruptStoreError(
+                path,
+                f"data.mdb is empty, and no creation was begun here ({CREATE_LOCK_FILE}, "
+                f"which each creation makes first, is missing): {cut}",
+            )
+        if _wait_for_creator(self.path) and not _empty_file(data):
+            return False  # created meanwhile
+        raise NotAStoreError(path, EMPTY_DATA_FILE)
 
     def _probe(self, map_size: int | None, max_readers: int) -> tuple[bool, dict[str, Any]]:
         """``(unfinished creation, meta entries)`` read through a short-lived environment."""
@@ -711,7 +809,10 @@ class Store:
         """Close the environment and release the lock (idempotent).
 
         Closing ends every transaction of the environment, so it waits for those of
-        other threads (up to :data:`RESIZE_WAIT_S`), and new ones wait for it.
+        other threads (up to :data:`RESIZE_WAIT_S`), and new ones wait for it: a thread
+        that holds no transaction waits before it begins one (and then finds the store
+        closed, :class:`StoreClosedError`), while one that holds a transaction goes on,
+        so that it can end it.
 
         Raises:
             StoreBusyError: the calling thread has a transaction (or a :meth:`pairs`
@@ -739,9 +840,11 @@ class Store:
             _OPENED_BY.pop(self._identity, None)
         self._env = None
         self._band_cache = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        # The finaliser closes the descriptor, once: called here, it is spent, and never
+        # closes the number again after the system hands it out anew.
+        release, self._lock_fd, self._lock_release = self._lock_release, None, None
+        if release is not None:
+            release()
 
     def __enter__(self) -> Store:
         return self
@@ -850,8 +953,8 @@ class Store:
         # Before the lock: a child forked while another thread held it would wait for ever.
         self._require_env()
         state = self._thread_state
-        if self._growth_waiting and not getattr(state, "readers", 0):
-            self._let_growth_go_first()
+        if (self._growth_waiting or self._closers_waiting) and not getattr(state, "readers", 0):
+            self._let_waiters_go_first()
         # Counted before it begins: a growth cannot change the map under a transaction
         # that is beginning, nor wait inside LMDB for the write lock such a transaction
         # holds while this thread waits for the lock the growth holds.
@@ -868,12 +971,16 @@ class Store:
             self._end_tracked()
             raise
 
-    def _let_growth_go_first(self) -> None:
-        """Wait while a map growth waits for readers to end, in a thread that holds none
-        (one that holds a read must go on, or the growth would wait for it forever): a
-        stream of new reads from other threads would otherwise never let it in."""
+    def _let_waiters_go_first(self) -> None:
+        """Wait while a map growth or a close waits for transactions to end, in a thread
+        that holds none (one that holds a read must go on, or the growth or close would
+        wait for it forever): a stream of new reads from other threads would otherwise
+        never let them in. After a close, the transaction then finds the store closed."""
         with self._readers_done:
-            self._readers_done.wait_for(lambda: not self._growth_waiting, timeout=RESIZE_WAIT_S)
+            self._readers_done.wait_for(
+                lambda: not (self._growth_waiting or self._closers_waiting),
+                timeout=RESIZE_WAIT_S,
+            )
 
     def _end_tracked(self, counts: dict[str, Any] | None = None) -> None:
         """Uncount a transaction; ``counts`` is the thread's state it was counted in (by
@@ -917,6 +1024,9 @@ class Store:
         block has committed (during the commit, or that purge) carries
         ``transaction_committed = True`` and a note saying so.
         """
+        # First: a child forked inside a write block inherits this thread's ``writing``
+        # flag, and must be told it is a child, not that it nests a write.
+        self._require_env()
         self._check_writable()
         state = self._thread_state
         if getattr(state, "writing", False):
@@ -993,7 +1103,9 @@ class Store:
     def _wait_for_transactions(self, operation: str, wait_s: float = RESIZE_WAIT_S) -> None:
         """Refuse while the calling thread has a transaction open, and wait up to
         ``wait_s`` (holding ``_readers_done``) until other threads' have ended: ending
-        one under its thread lost its writes and gave that thread a raw LMDB error."""
+        one under its thread lost its writes and gave that thread a raw LMDB error.
+        Meanwhile threads that hold no transaction wait before beginning one, so that a
+        steady stream of short reads cannot keep the count above zero for the whole wait."""
         state = self._thread_state
         if getattr(state, "readers", 0) > 0 or getattr(state, "writing", False):
             raise StoreBusyError(
@@ -1002,13 +1114,16 @@ class Store:
                 "inside a transaction of this thread; do it after the block (or once the "
                 "pairs() iterator is done)",
             )
-        self._closers_waiting += 1  # transactions that end wake this wait
+        # Transactions that end wake this wait; new ones of threads that hold none wait
+        # for it (_begin_tracked), and are woken when it ends.
+        self._closers_waiting += 1
         try:
             ended = self._readers_done.wait_for(
                 lambda: self._active_readers == 0 and not self._growth_waiting, timeout=wait_s
             )
         finally:
             self._closers_waiting -= 1
+            self._readers_done.notify_all()
         if not ended:
             waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
             raise StoreBusyError(
@@ -1129,6 +1244,9 @@ class Store:
         return array.astype(np.uint32)
 
     def _check_signature(self, signature: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        if isinstance(signature, list | tuple):
+            with single_document():  # one signature: not "signature #0"
+                _check_row_types([signature])
         array = _numbers(signature, "signature")
         if array.dtype == np.uint32 and array.shape == (self.config.num_perm,):
             return array  # the common case, and every value is in range by its type
@@ -1240,7 +1358,7 @@ class Store:
     def _prepared(self, batch: list[Any], encoding: str | None) -> Any:
         """``(key, text[, metadata])`` items validated, signed and banded (no transaction)."""
         self._check_writable()
-        return prepare_batch(self, [document_item(entry) for entry in batch], encoding=encoding)
+        return prepare_batch(self, document_items(batch), encoding=encoding)
 
     def add_signatures(
         self,
@@ -1330,7 +1448,12 @@ class Store:
         """
         check_batch(keys, *KEYS)
         check_flags(missing_ok=missing_ok)
-        wanted = list({codec.key_index(*codec.key_bytes(key)): key for key in keys}.values())
+        wanted = list(
+            {
+                codec.key_index(*key_bytes_of_item(key, index)): key
+                for index, key in enumerate(keys)
+            }.values()
+        )
         next_size = self._batch_sizes(batch_size)
         first = next_size()
         if not missing_ok and first is not None and len(wanted) > first:
@@ -1558,15 +1681,26 @@ class _Reading:
             self._store._end_tracked(self._counts)
 
 
+_BOOLS = frozenset((bool, np.bool_))
+
+
 def _check_row_types(rows: Sequence[object]) -> None:
     """Refuse a row that is not integers by its own type: stacked, numpy casts the rows to
     one type, and a row of bools (or floats) among integer rows passed as their values.
-    An array row is judged by its dtype; a row of Python numbers by its first value (a
-    conversion of each row to read its type made lists of ints a third slower)."""
+    An array row is judged by its dtype. A row of Python numbers is judged by its first
+    value (a conversion of each row to read its type made lists of ints a third slower),
+    and refused if any value is a bool: numpy stacks ints and bools as ints, so a bool
+    after the first value was stored as 0 or 1 (a float there makes the stack float,
+    which is refused). The bools are looked for by one pass in C over the row's types,
+    about 4 µs a row of 256 values (add_signatures of such lists: a seventh more)."""
     for index, row in enumerate(rows):
         if isinstance(row, np.ndarray):
             dtype = row.dtype
         elif isinstance(row, list | tuple) and row:
+            if not _BOOLS.isdisjoint(map(type, row)):
+                raise InvalidSignatureError(
+                    "a signature with bool values", "integers in every signature", index
+                )
             first = row[0]
             if type(first) is int or isinstance(first, np.integer):
                 continue  # the usual row of Python numbers, told without numpy
@@ -1660,7 +1794,7 @@ def holds_store(path: str | os.PathLike[str]) -> bool:
     except StoreNotFoundError:
         return False
     except NotAStoreError as err:
-        if err.found == UNFINISHED_CREATION:
+        if err.found in (UNFINISHED_CREATION, EMPTY_DATA_FILE):
             return False
         raise
     return True
@@ -1746,17 +1880,96 @@ def _refuse_foreign_files(directory: Path) -> None:
     """Refuse to create a store in a directory that holds files of its own (a mistyped
     path such as a home directory): a store is made only in a new or empty directory,
     or where a killed creation left nothing but a store's own files."""
-    if (directory / "data.mdb").exists() or not directory.is_dir():
+    if (directory / "data.mdb").exists():
         return
+    foreign = _foreign_files(directory)
+    if foreign:
+        raise NotAStoreError(str(directory), f"no store, but other files: {foreign}")
+
+
+def _foreign_files(directory: Path) -> str:
+    """The first names (quoted) of the files in ``directory`` that are not a store's own,
+    or ``""`` if it holds none (or is no directory)."""
+    if not directory.is_dir():
+        return ""
     foreign = sorted(
         entry.name
         for entry in directory.iterdir()
         if entry.name not in STORE_FILES and not entry.name.startswith(".compact-")
     )
-    if foreign:
-        shown = ", ".join(repr(name) for name in foreign[:3])
-        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        raise NotAStoreError(str(directory), f"no store, but other files: {shown}{more}")
+    shown = ", ".join(repr(name) for name in foreign[:3])
+    return shown + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+
+
+def _empty_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file of 0 bytes."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == 0
+
+
+def _cut_short(data: Path) -> str | None:
+    """:func:`lmdbfile.cut_short` of the regular file ``data`` (``None`` for anything
+    else, or a file that cannot be read: LMDB's open reports those)."""
+    try:
+        if not stat.S_ISREG(data.stat().st_mode):
+            return None
+        return lmdbfile.cut_short(data)
+    except (OSError, ValueError):  # ValueError: mmap of a file that shrank to nothing
+        return None
+
+
+def _unusable_path(directory: Path, err: OSError) -> NeardupError | None:
+    """The typed error for an ``OSError`` that ``directory`` itself caused on its way to
+    being opened or made (``None`` for other failures, which stay as they are): the part
+    of the path at fault is named."""
+    code, path = err.errno, str(directory)
+    if code in (errno.ENOTDIR, errno.EEXIST, errno.ELOOP):
+        blocked = _blocked(directory) or f"{err.filename or path} is not a directory"
+        return NotAStoreError(path, f"{blocked}, so no store directory can be there")
+    if code == errno.ENAMETOOLONG:
+        longest = max(directory.parts, key=lambda part: len(os.fsencode(part)))
+        shown = longest if len(longest) <= 40 else f"{longest[:37]}..."
+        return NotAStoreError(
+            path,
+            f"its name {shown!r} ({len(os.fsencode(longest))} bytes) or the whole path is "
+            "longer than the file system allows",
+        )
+    if code == errno.EISDIR:
+        name = Path(err.filename or path).name
+        return CorruptStoreError(
+            path,
+            f"its lock file {name} is a directory: remove that directory (a lock file holds "
+            "no data, and opening the store makes it again)",
+        )
+    if code == errno.ENOENT:
+        return NotAStoreError(path, f"no directory can be made there ({err.strerror})")
+    if code == errno.EROFS:
+        return StorePermissionError(
+            path,
+            "the file system is read-only: a store there opens only with read_only=True, and "
+            "none can be made there",
+        )
+    return None
+
+
+def _blocked(directory: Path) -> str | None:
+    """What in ``directory``'s path keeps a directory from being there (a file on the way,
+    a link to nothing, a loop of links), or ``None``."""
+    for part in [*reversed(directory.parents), directory]:
+        try:
+            info = os.stat(part)
+        except FileNotFoundError:
+            if os.path.islink(part):
+                return f"{part} is a link to {os.readlink(part)!r}, which does not exist"
+            return None  # the rest of the path can be made
+        except OSError as err:
+            return f"{part} is in a loop of symbolic links" if err.errno == errno.ELOOP else None
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{part} is a file"
+    return None
 
 
 def _remove_compaction_leftovers(directory: Path) -> None:

@@ -88,6 +88,7 @@ from .errors import (
     InputTypeError,
     InvalidParameterError,
     TextDecodeError,
+    choice,
     integer,
 )
 from .hashing import SPAN_CONSTANTS, derive_keys, fmix64, span_hashes
@@ -147,8 +148,7 @@ class ShingleConfig:
     allow_empty: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in SHINGLE_KINDS:
-            raise InvalidParameterError("kind", self.kind, f"one of {', '.join(SHINGLE_KINDS)}")
+        object.__setattr__(self, "kind", choice("kind", self.kind, SHINGLE_KINDS))
         if self.size is None:
             object.__setattr__(self, "size", _DEFAULT_SIZE[self.kind])
         size = integer(self.size)
@@ -212,6 +212,15 @@ def exact_fields(
     return dict(data)
 
 
+def valid_seed(seed: object) -> int:
+    """``seed`` as a plain ``int`` if it is one of the 64-bit seeds every hash here is
+    derived from (numpy's integers included), else :class:`InvalidParameterError`."""
+    value = integer(seed)
+    if value is None or not 0 <= value < 1 << 64:
+        raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
+    return value
+
+
 def check_config(config: object) -> None:
     """Raise :class:`InvalidParameterError` unless ``config`` is a :class:`ShingleConfig`
     (a wrong one failed deep inside with a raw ``AttributeError``)."""
@@ -268,15 +277,21 @@ def check_batch(
     items: object, what: str = "documents", single: str = "signature() / hash_document()"
 ) -> None:
     """Raise :class:`BatchTypeError` unless ``items`` is an iterable of ``what``: one str
-    or bytes would pass as an iterable of characters, one item each."""
-    if isinstance(items, (str, bytes, bytearray, memoryview)) or not isinstance(items, Iterable):
+    or bytes would pass as an iterable of characters, one item each, and a numpy scalar
+    or 0-d array (``np.array("text")``, one value) as an ``Iterable`` by its type, whose
+    iteration then raises a raw ``TypeError``."""
+    if (
+        isinstance(items, (str, bytes, bytearray, memoryview, np.generic))
+        or not isinstance(items, Iterable)
+        or (isinstance(items, np.ndarray) and items.ndim == 0)
+    ):
         raise BatchTypeError(items, what, single)
 
 
 def check_encoding(encoding: str) -> None:
-    """Refuse a codec Python cannot decode text with: a name it does not know, a known
-    codec that is not a text one (base64), which ``codecs.lookup`` accepts, or one that
-    decodes nothing (``undefined``).
+    """Refuse a codec Python cannot decode text with: a name it does not know (or cannot
+    look up, holding a NUL), a known codec that is not a text one (base64), which
+    ``codecs.lookup`` accepts, or one that decodes nothing (``undefined``).
 
     Raises:
         InvalidParameterError: ``encoding`` names no text codec.
@@ -285,7 +300,7 @@ def check_encoding(encoding: str) -> None:
         b"a".decode(encoding)  # not b"": Python decodes an empty string without the codec
     except UnicodeDecodeError:
         pass  # a text codec, which wants more than one byte (utf-16)
-    except (LookupError, TypeError, UnicodeError):
+    except (LookupError, TypeError, ValueError):  # a NUL in the name is a ValueError
         raise InvalidParameterError("encoding", encoding, "a codec name such as 'utf-8'") from None
 
 
@@ -382,8 +397,7 @@ class Shingler:
 
     def __init__(self, config: ShingleConfig = ShingleConfig(), seed: int = 1) -> None:
         check_config(config)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
-            raise InvalidParameterError("seed", seed, "an integer in [0, 2**64)")
+        seed = valid_seed(seed)
         self.config = config
         self.seed = seed
         self._word_key, self._shingle_key, self._bag_key = derive_keys(seed, "shingle", 3)
@@ -403,6 +417,8 @@ class Shingler:
             InputTypeError: a document is not ``str`` (or bytes without ``encoding``).
             TextDecodeError: bytes are invalid in ``encoding``.
             EmptyDocumentError: a document has no shingles and empties are not allowed.
+            InvalidParameterError: ``encoding`` names no text codec, or ``start_index``
+                is no integer >= 0.
         """
         batch = self._hash_batch(documents, encoding, start_index)
         hashes = batch.hashes if batch.hashes.flags.owndata else batch.hashes.copy()
@@ -415,6 +431,12 @@ class Shingler:
         (:func:`.kernels.scratch`): for callers that are done with them before their next
         call."""
         check_batch(documents)
+        first = integer(start_index)
+        if first is None or first < 0:
+            raise InvalidParameterError(
+                "start_index", start_index, "an integer >= 0: the number of the first document"
+            )
+        start_index = first
         if encoding is not None:  # refused up front, even when every document is a str
             check_encoding(encoding)
         texts = [

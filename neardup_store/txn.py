@@ -36,6 +36,8 @@ from .errors import (
     DuplicateKeyError,
     ForkedStoreError,
     IdsExhaustedError,
+    InvalidItemError,
+    InvalidKeyError,
     InvalidParameterError,
     KeyNotFoundError,
     MetadataError,
@@ -200,6 +202,12 @@ class ReadTxn:
             )
         return self._txn
 
+    def _require_open(self) -> lmdb.Transaction:
+        """:attr:`_live`, asked first by every batch call: an empty batch reads nothing,
+        and would otherwise answer on an ended transaction as if it were open, where a
+        full one raises."""
+        return self._live
+
     def _band_cursor(self, band: int) -> lmdb.Cursor:
         return self._all_band_cursors()[band]
 
@@ -356,11 +364,14 @@ class ReadTxn:
         encoding: str | None = None,
     ) -> list[list[Match]]:
         """:meth:`query` for many texts (signed in one batch) or many signatures."""
+        self._require_open()
         _check_one_of(documents, signatures, "documents/signatures")
         if exact is not None and not callable(exact):
             raise InvalidParameterError(
                 "exact", type(exact).__name__, "a function from a stored key to its text"
             )
+        if exact is not None and documents is None:  # as query() refuses it
+            raise InvalidParameterError("exact", "with signatures=", "text queries")
         if documents is not None:
             check_batch(documents, "documents", "query()")
             texts = list(documents) if exact is not None else documents
@@ -374,9 +385,8 @@ class ReadTxn:
         else:
             sigs = self._store._check_signatures(signatures)
             texts = None
-        if exact is None:
+        if texts is None or exact is None:
             return self._query_signatures(sigs, threshold, limit)
-        assert texts is not None
         return self._query_exact(texts, sigs, threshold, limit, exact, encoding)
 
     def _query_signatures(
@@ -1231,9 +1241,10 @@ class WriteTxn(ReadTxn):
         Every item is validated before anything is written. Returns the number added.
         """
         self._store._check_writable()
+        self._require_open()
         check_batch(items, *TEXT_ITEMS)
         check_flags(replace=replace)
-        batch = [document_item(entry) for entry in items]
+        batch = document_items(items)
         return self._add_batch(prepare_batch(self._store, batch, encoding=encoding), replace)
 
     def add_signatures(
@@ -1248,9 +1259,10 @@ class WriteTxn(ReadTxn):
         Every item is validated before anything is written. Returns the number added.
         """
         self._store._check_writable()
+        self._require_open()
         check_batch(items, *SIGNATURE_ITEMS)
         check_flags(replace=replace)
-        batch = [document_item(entry, "signature") for entry in items]
+        batch = document_items(items, "signature")
         if not batch:
             return 0
         return self._add_batch(
@@ -1317,11 +1329,12 @@ class WriteTxn(ReadTxn):
     def remove_many(self, keys: Iterable[Key], *, missing_ok: bool = False) -> int:
         """Remove many documents; returns how many were removed."""
         self._store._check_writable()
+        self._require_open()
         check_batch(keys, *KEYS)
         check_flags(missing_ok=missing_ok)
         keys = [_frozen_key(key) for key in keys]
-        for key in keys:
-            codec.key_bytes(key)
+        for index, key in enumerate(keys):
+            key_bytes_of_item(key, index)
         return int(self._run(self._remove_found, keys, missing_ok))
 
     def _remove_found(self, keys: Sequence[Key], missing_ok: bool) -> int:
@@ -1390,9 +1403,10 @@ class WriteTxn(ReadTxn):
         """:meth:`add_if_unique` for a batch, in order: an item that near-duplicates an
         earlier item of the same batch is not added (the earlier one is its match)."""
         self._store._check_writable()
+        self._require_open()
         threshold = self._store._check_threshold(threshold)
         check_batch(items, *UNIQUE_TEXT_ITEMS)
-        batch = [document_item(entry) for entry in items]
+        batch = document_items(items)
         return self._add_unique_prepared(
             prepare_batch(self._store, batch, encoding=encoding), threshold
         )
@@ -1406,17 +1420,17 @@ class WriteTxn(ReadTxn):
         """:meth:`add_many_if_unique` for ``(key, signature[, metadata])`` items computed
         elsewhere, as :meth:`add_signatures` takes them."""
         self._store._check_writable()
+        self._require_open()
         threshold = self._store._check_threshold(threshold)
         check_batch(items, *UNIQUE_SIGNATURE_ITEMS)
-        batch = [document_item(entry, "signature") for entry in items]
+        batch = document_items(items, "signature")
         if not batch:
             return []
         prepared = prepare_batch(self._store, batch, self._stack_signatures(batch))
         return self._add_unique_prepared(prepared, threshold)
 
     def _add_unique_prepared(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
-        if not batch:
-            self._check_new_keys(batch)  # (an empty batch: only that the block is open)
+        if not batch:  # (the call asked that the block is open: _require_open)
             return []
         return self._run(self._add_unique_checked, batch, threshold)  # type: ignore[no-any-return]
 
@@ -1548,7 +1562,7 @@ def prepare_batch(
     """Validate keys and metadata, then sign (unless ``signatures`` are given) and band a
     batch of ``(key, text, metadata)`` items. Reads nothing from the tables, so it can run
     outside a write transaction."""
-    checked = [codec.key_bytes(key) for key, _, _ in items]
+    checked = [key_bytes_of_item(key, index) for index, (key, _, _) in enumerate(items)]
     metadata = []
     for index, (key, _, meta) in enumerate(items):
         try:
@@ -1568,15 +1582,33 @@ def prepare_batch(
     )
 
 
-def document_item(entry: object, second: str = "text") -> tuple[object, object, object]:
+def document_item(
+    entry: object, second: str = "text", index: int | None = None
+) -> tuple[object, object, object]:
     """``(key, document)`` or ``(key, document, metadata)`` as a triple (metadata ``None``);
-    ``second`` names what the document is (``"text"`` or ``"signature"``) in the error."""
+    ``second`` names what the document is (``"text"`` or ``"signature"``) in the error,
+    ``index`` the item's position among its batch's (as a document's error does)."""
     if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
         expected = f"a (key, {second}) or (key, {second}, metadata) tuple"
         if second == "signature":
             expected += "; pair an array's rows with keys: zip(keys, signatures)"
-        raise InvalidParameterError("item", entry, expected)
+        raise InvalidItemError(entry, expected, index)
     return (entry[0], entry[1], entry[2] if len(entry) == 3 else None)
+
+
+def document_items(entries: Iterable[object], second: str = "text") -> list[Any]:
+    """:func:`document_item` of each of a batch's ``entries``, numbered."""
+    return [document_item(entry, second, index) for index, entry in enumerate(entries)]
+
+
+def key_bytes_of_item(key: object, index: int | None) -> tuple[bytes, bool]:
+    """:func:`codec.key_bytes` of the key of a batch's item ``index``, a refused key
+    placed by its position (:class:`InvalidKeyError`'s ``index``)."""
+    try:
+        return codec.key_bytes(key)
+    except InvalidKeyError as err:
+        err.index = index
+        raise
 
 
 def _frozen_key(key: object) -> object:

@@ -52,6 +52,7 @@ from neardup_store.errors import (
     TextDecodeError,
 )
 from neardup_store.store import Store
+from neardup_store.text import ShingleConfig
 
 NUM_PERM = 64
 PARAMS: dict[str, Any] = {"threshold": 0.7, "num_perm": NUM_PERM, "bands": 16, "rows": 4}
@@ -415,6 +416,11 @@ CASES: list[Case] = [
          lambda t: t.add_many([("new-1", TEXT), ("new-2", None)])),
     Case("unknown encoding", "add", InvalidParameterError, "encoding=",
          lambda t: t.add("new", b"abc", encoding="no-such-codec")),
+    # a NUL in the name made Python's decode raise a plain ValueError (review 44)
+    Case("encoding with a NUL", "add", InvalidParameterError, "encoding='utf-8\\x00'",
+         lambda t: t.add("new", b"abc", encoding="utf-8\x00")),
+    Case("encoding with a NUL in a batch", "add_many", InvalidParameterError,
+         "a codec name", lambda t: t.add_many([("new", b"abc")], encoding="utf-8\x00")),
     Case("query with bytes and no encoding", "query", InputTypeError, "got bytes",
          lambda t: t.query(TEXT.encode())),
     Case("query with an empty document", "query", EmptyDocumentError, "empty",
@@ -447,6 +453,17 @@ CASES: list[Case] = [
          "add_if_unique(key, signature=...)", lambda t: t.add_signatures_if_unique("ab")),
     Case("query_many of one str", "query", BatchTypeError, "call query()",
          lambda t: t.query_many(TEXT)),
+    # a 0-d array is an Iterable by its type, then its iteration failed raw (review 44)
+    Case("add_many of a 0-d array", "add_many", BatchTypeError, "got a 0-d ndarray",
+         lambda t: t.add_many(np.array(TEXT))),
+    Case("add_many_if_unique of a 0-d array", "add_many", BatchTypeError, "call add_if_unique()",
+         lambda t: t.add_many_if_unique(np.array(TEXT))),
+    Case("add_signatures of a 0-d array", "add_signatures", BatchTypeError, "got a 0-d ndarray",
+         lambda t: t.add_signatures(np.array(None))),
+    Case("remove_many of a 0-d array", "remove", BatchTypeError, "got a 0-d ndarray",
+         lambda t: t.remove_many(np.array("alpha"))),
+    Case("query_many of a 0-d array", "query", BatchTypeError, "call query()",
+         lambda t: t.query_many(np.array(TEXT))),
     Case("add with neither text nor signature", "add", InvalidParameterError, "neither given",
          lambda t: t.add("new")),
     Case("query by a signature passed as the text", "query", InputTypeError, "signature=",
@@ -505,6 +522,19 @@ CASES: list[Case] = [
             ("export_file", lambda store: store.export_file(None)),
         )
     ),
+    *(
+        Case(f"{operation} to a path with {what}", operation, InvalidParameterError, fragment,
+             lambda store, call=call, end=end: call(store, f"{store.path.parent}/out{end}"),
+             in_write=False)
+        for operation, call in (
+            ("backup", lambda store, path: store.backup(path)),
+            ("export_file", lambda store, path: store.export_file(path)),
+        )
+        for what, end, fragment in (
+            ("a NUL", "\x00", "without a NUL character"),
+            ("a lone surrogate", "\udfff", "the file name encoding"),
+        )
+    ),
     Case("open with path None", "open", InvalidParameterError, "path=None",
          open_path=lambda path: Store.open(None), is_store=True),  # type: ignore[arg-type]
     Case("create_from_export at path 5", "import", InvalidParameterError, "path=5",
@@ -515,8 +545,13 @@ CASES: list[Case] = [
          lambda t: t.add("new", TEXT, metadata={1, 2})),
     Case("metadata over 64 KiB", "add", MetadataError, "at most 65536 bytes",
          lambda t: t.add("new", TEXT, metadata="x" * 70_000)),
-    Case("metadata map with int keys", "add", MetadataError, "would not read back",
+    # the reason named msgpack's option, not the rule (review 44)
+    Case("metadata map with int keys", "add", MetadataError,
+         "would not read back: map keys must be str or bytes, not int",
          lambda t: t.add("new", TEXT, metadata={1: "a"})),
+    Case("metadata map with a tuple key, nested", "add", MetadataError,
+         "map keys must be str or bytes, not tuple",
+         lambda t: t.add("new", TEXT, metadata={"pages": [{"a": 1}, {(1, 2): "b"}]})),
     # the item a batch's bad metadata belongs to was not named (review 22)
     Case("bad metadata in a batch", "add_many", MetadataError,
          "item #1 (key 'new-2') metadata rejected",
@@ -629,6 +664,24 @@ CASES: list[Case] = [
     Case("create in a directory of other files", "open", NotAStoreError,
          "other files: 'notes.txt'", open_path=_open(create=True),
          prepare=make_directory_of_notes, is_store=False),
+    # numpy compared the choices element by element: a 0-d array passed them, and the
+    # create failed raw in msgpack, leaving an environment behind (review 44)
+    Case("create with scheme as a 0-d array: nothing made", "open", InvalidParameterError,
+         "scheme=array('oph'", open_path=_open(create=True, scheme=np.array("oph")),
+         prepare=make_nothing, is_store=False),
+    Case("create with a shingle kind as a 0-d array: nothing made", "open",
+         InvalidParameterError, "kind=array('word'", open_path=lambda path: Store.open(
+             path, create=True, shingles=ShingleConfig(kind=np.array("word"), size=3)),
+         prepare=make_nothing, is_store=False),
+    # the first file system call raised a raw ValueError / UnicodeEncodeError (review 44)
+    Case("create at a path with a NUL: nothing made", "open", InvalidParameterError,
+         "without a NUL character",
+         open_path=lambda path: Store.open(f"{path}\x00", create=True),
+         prepare=make_nothing, is_store=False),
+    Case("create at a path with a lone surrogate: nothing made", "open",
+         InvalidParameterError, "the file name encoding",
+         open_path=lambda path: Store.open(f"{path}\ud800", create=True),
+         prepare=make_nothing, is_store=False),
     Case("create with threshold 0: nothing made", "open", InvalidParameterError, "threshold=0",
          open_path=_open(create=True, threshold=0), prepare=make_nothing, is_store=False),
     Case("create with num_perm 0: nothing made", "open", InvalidParameterError, "num_perm=0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import importlib.util
 import io
 import json
@@ -14,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 from concurrency_scenarios import commit_counter
-from test_maintenance import _missing_meta_entry, _put
+from test_maintenance import _missing_meta_entry, _put, raw_env
 
 from neardup_store import Store, __version__, codec, ingest
 from neardup_store import cli as cli_module
@@ -2302,3 +2304,291 @@ def test_ctrl_c_during_a_batch_commit_counts_that_batch(tmp_path: Path, command:
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["summary"]["resumed_from_line"] == 30
         assert len((tmp_path / "k").read_text().splitlines()) == 60
+
+
+# -- review 45: keys in check, inputs that fail to read, walks, lost summaries, advice, demo ---
+
+
+def test_check_names_a_damaged_record_by_the_key_remove_takes(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """check printed a damaged record's key as a Python repr, 'hex:00ff': typed without
+    the quotes, as remove reads keys, it named the bytes key b"\\x00\\xff", and remove
+    took out that healthy document instead (review 45)."""
+    path = tmp_path / "s.ndx"
+    with Store.open(path, create=True) as store:
+        store.add(b"\x00\xff", "a healthy document stored under a bytes key, with words in it")
+        store.add("hex:00ff", "a str key that reads like a bytes key; its record gets damaged")
+    with raw_env(path) as (env, dbs), env.begin(write=True) as txn:
+        doc_id = txn.get(codec.key_index(b"hex:00ff", True), db=dbs[codec.KEYS_DB])
+        record = bytearray(txn.get(doc_id, db=dbs[codec.DOCS_DB]))
+        record[20] ^= 0x40  # inside the signature: only the checksum can tell
+        txn.put(doc_id, bytes(record), db=dbs[codec.DOCS_DB])
+    table = _run(runner, "check", path)
+    assert table.exit_code == 1
+    assert "(key \\hex:00ff: remove it by that key, run check --repair" in table.stdout
+    violation, _ = _jsonl(_run(runner, "check", path, "--json").stdout)
+    assert violation["kind"] == "corrupt-record" and violation["key"] == "\\hex:00ff"
+    assert _run(runner, "remove", path, violation["key"]).exit_code == 0
+    with Store.open(path, read_only=True) as opened, opened.read() as txn:
+        assert b"\x00\xff" in txn and "hex:00ff" not in txn
+    assert _run(runner, "check", path, "--repair").exit_code == 0
+    assert _run(runner, "check", path).exit_code == 0
+
+
+_EIO = Path("/proc/self/mem")
+
+
+def _fails_to_read(path: Path) -> bool:
+    """Whether ``path`` opens and then fails its first read (/proc/self/mem gives EIO at
+    offset 0 on Linux): the case of a failing disk, NFS or FUSE."""
+    try:
+        with path.open("rb") as stream:
+            stream.read(1)
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(not _fails_to_read(_EIO), reason="needs /proc/self/mem to give EIO")
+@pytest.mark.parametrize("command", ["add", "query --jsonl", "query --exact", "remove", "dedup"])
+def test_an_input_that_opens_but_fails_to_read_is_a_failure_or_one_error_line(
+    runner: CliRunner, store_path: Path, tmp_path: Path, command: str
+) -> None:
+    """These crashed with an OSError traceback and exit 1 (review 45); dedup first made
+    its store and output files. Where the command goes on past unusable input, the file
+    is a failure (exit 1); where it needs all of it, one Error: line (exit 2)."""
+    good = tmp_path / "g.jsonl"
+    good.write_text('{"id": "new", "text": "some words of a new document"}\n')
+    reason = "cannot read it: Input/output error"
+    if command == "add":
+        result = _run(runner, "add", store_path, _EIO, good, "--jsonl", "--json")
+        failed, summary = _jsonl(result.stdout)
+        assert summary["summary"]["added"] == 1 and summary["summary"]["failed"] == 1
+    elif command == "query --jsonl":
+        result = _run(runner, "query", store_path, "--jsonl", _EIO, "--json")
+        [failed] = _jsonl(result.stdout)
+    else:
+        args = {
+            "query --exact": ["query", store_path, "--text", "some words", "--exact", _EIO],
+            "remove": ["remove", store_path, "--from-file", _EIO],
+            "dedup": _dedup_args(_EIO, tmp_path),
+        }[command]
+        result = _run(runner, *args)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines() == [
+            f"Error: {_EIO}: {reason}"
+            if command != "dedup"
+            else f"Error: input='{_EIO}' is not valid: expected a file that can be read (it "
+            "gives: Input/output error)"
+        ]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.ndx", "g.jsonl"]
+        with Store.open(store_path, read_only=True) as opened:
+            assert len(opened) == 5
+        return
+    assert result.exit_code == 1, result.output
+    assert failed == {
+        "failed": {"source": str(_EIO), "file": str(_EIO), "line": None, "key": None,
+                   "error": "OSError", "message": reason}
+    }  # fmt: skip
+
+
+def test_dedup_input_that_fails_part_way_is_one_error_line_then_resumes(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input that fails after some batches committed: one Error: line naming it that
+    says what stands, exit 2, and the same command then finishes the job (review 45)."""
+    archive = tmp_path / "a.jsonl"
+    with archive.open("w") as out:
+        for i in range(6):
+            words = " ".join(f"w{i}x{j}" for j in range(20))
+            out.write(json.dumps({"id": f"d{i}", "text": words}) + "\n")
+    read_lines, calls = ingest._read_lines, []
+
+    def failing_on_the_second(*args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_lines(*args)
+
+    monkeypatch.setattr(ingest, "_read_lines", failing_on_the_second)
+    args = [*_dedup_args(archive, tmp_path), "--batch-size", 2]
+    failed = _run(runner, *args)
+    assert failed.exit_code == 2 and "Traceback" not in failed.output
+    assert failed.stderr.splitlines() == [
+        f"Error: {archive.resolve()}: Input/output error",
+        "nothing of the batch being read was committed, any batches before it were: once "
+        "the input can be read, run the same command again to resume after them",
+    ]
+    monkeypatch.undo()
+    again = _run(runner, *args, "--json")
+    assert again.exit_code == 0, again.output
+    summary = _jsonl(again.stdout)[-1]["summary"]
+    assert summary["resumed_from_line"] == 2 and summary["kept"] == 6
+
+
+@pytest.mark.parametrize("denied", ["in/sub", "in"])
+def test_add_reports_a_directory_it_cannot_list_and_exits_1(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, denied: str
+) -> None:
+    """A directory add could not list (mode 000) was skipped without a word: "failed 0",
+    exit 0 (review 45). Listing is refused through os.scandir, so that the test holds as
+    root too, whom a mode does not stop."""
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    (tmp_path / "in" / "b.txt").write_text("a document in a readable place, with some words")
+    (tmp_path / "in" / "sub" / "a.txt").write_text("a document in a directory no one can list")
+    store = tmp_path / "s.ndx"
+    assert _run(runner, "init", store).exit_code == 0
+    scandir, locked = os.scandir, tmp_path / denied
+
+    def refusing(path: Any = ".") -> Any:
+        if Path(os.fsdecode(path)) == locked:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    result = _run(runner, "add", store, tmp_path / "in", "--json")
+    monkeypatch.undo()
+    assert result.exit_code == 1, result.output
+    failed, summary = _jsonl(result.stdout)
+    assert failed == {
+        "failed": {"source": str(locked), "file": str(locked), "line": None, "key": None,
+                   "error": "PermissionError", "message": "cannot read it: Permission denied"}
+    }  # fmt: skip
+    assert summary["summary"]["added"] == (1 if denied == "in/sub" else 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_add_reports_a_named_pipe_met_in_a_directory_and_reads_one_named_alone(
+    tmp_path: Path,
+) -> None:
+    """add of a directory holding a named pipe waited in open() for a writer for ever,
+    the store open for writing (review 45). A pipe named on its own is still read."""
+    store = tmp_path / "s.ndx"
+    Store.open(store, create=True).close()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("an ordinary document with a few words in it\n")
+    pipe = tmp_path / "in" / "pipe"
+    os.mkfifo(pipe)
+    walked = _admin("add", store, tmp_path / "in", "--json", stdout=subprocess.PIPE, timeout=60)
+    assert walked.returncode == 1, walked.stderr
+    failed, summary = _jsonl(walked.stdout)
+    assert failed["failed"]["file"] == str(pipe) and failed["failed"]["message"].startswith(
+        "a named pipe, not a regular file: a directory's walk reads regular files only"
+    )
+    assert summary["summary"]["added"] == 1 and summary["summary"]["failed"] == 1
+
+    def write_the_pipe() -> None:
+        with pipe.open("w") as writer:
+            writer.write("a document written into the pipe by another process\n")
+
+    writer = threading.Thread(target=write_the_pipe, daemon=True)
+    writer.start()
+    named = _admin("add", store, pipe, "--json", stdout=subprocess.PIPE, timeout=60)
+    writer.join(timeout=60)
+    assert named.returncode == 0, named.stderr
+    assert _jsonl(named.stdout)[-1]["summary"]["added"] == 1
+
+
+def _changing(command: str, store: Path, tmp_path: Path) -> tuple[list[object], str, Path, int]:
+    """``command`` run on ``store`` (the five-document corpus): its arguments, what its
+    Error: line must say stands, and the store that holds the change with its size."""
+    if command == "init":
+        new = tmp_path / "new.ndx"
+        return ["init", new], f"the store was created at {new}", new, 0
+    if command == "remove":
+        done = "the store was changed: 1 of 1 documents removed"
+        return ["remove", store, "storm-a"], done, store, 4
+    if command == "import":
+        with Store.open(store, read_only=True) as opened:
+            opened.export_file(tmp_path / "ex.bin")
+        copy = tmp_path / "copy.ndx"
+        done = f"the store was changed: 5 documents imported into new store {copy}"
+        return ["import", tmp_path / "ex.bin", copy], done, copy, 5
+    if command == "add":
+        archive = tmp_path / "a.jsonl"
+        archive.write_text('{"id": "new", "text": "a new document with some words"}\n')
+        done = "the documents were added (1 added, 0 replaced, 0 skipped, 0 failed)"
+        return ["add", store, archive, "--jsonl"], done, store, 6
+    if command == "purge":
+        with Store.open(store) as opened:
+            opened.remove("storm-a")
+        return ["purge", store], "the band entries of 1 removed documents were purged", store, 4
+    if command == "rebuild":
+        done = "the store was rebuilt (5 documents re-banded)"
+        return ["rebuild", store, "--threshold", 0.9], done, store, 5
+    if command == "backup":
+        backup = tmp_path / "b.ndx"
+        return ["backup", store, backup], f"the backup was written to {backup}", backup, 5
+    assert command == "compact"
+    return ["compact", store], "the store was compacted (", store, 5
+
+
+@_needs_dev_full
+@pytest.mark.parametrize(
+    "command", ["init", "remove", "import", "add", "purge", "rebuild", "backup", "compact"]
+)
+def test_a_summary_lost_after_the_store_changed_says_what_stands(
+    store_path: Path, tmp_path: Path, command: str
+) -> None:
+    """With stdout on a full disk, these said only "Error: stdout: No space left on
+    device" with exit 2, the code of input refused with nothing changed: a rerun of init
+    or remove was then refused (review 45). add --report already said what stood."""
+    args, done, changed, documents = _changing(command, store_path, tmp_path)
+    with _FULL.open("wb") as full:
+        result = _admin(*args, stdout=full, env=_stdout_env(buffered=True))
+    assert result.returncode == 2, result.stderr
+    error, note = result.stderr.splitlines()
+    assert error == "Error: stdout: No space left on device"
+    assert note.startswith(done) and note.endswith("; only this summary was not written")
+    with Store.open(changed, read_only=True) as opened:
+        assert len(opened) == documents
+
+
+@pytest.mark.parametrize(
+    ("args", "advice"),
+    [
+        (["params", "--threshold", "1"], None),
+        (["params", "--threshold", "0"], None),
+        (["params", "--threshold", "nan"], None),
+        (["demo", "--threshold", "1"], None),
+        (["init", "{tmp}/new.ndx", "--threshold", "1"],
+         "a threshold of 1 needs the banding given instead: --bands B --rows R"),
+        (["rebuild", "{store}", "--threshold", "1"], "a threshold of 1 needs the banding given "
+         "instead: neardup-admin rebuild STORE --bands B --rows R"),
+        (["dedup", "{tmp}/a.jsonl", "--store", "{tmp}/d.ndx", "--keep", "{tmp}/k",
+          "--dropped", "{tmp}/x", "--threshold", "1"], "for a threshold of 1, make the store "
+         "first with its banding given (neardup-admin init STORE --bands B --rows R), then "
+         "run dedup into it"),
+    ],
+)  # fmt: skip
+def test_a_threshold_no_banding_fits_is_advised_as_the_command_can_follow(
+    runner: CliRunner, store_path: Path, tmp_path: Path, args: list[str], advice: str | None
+) -> None:
+    """Every command said "(a threshold of 1 needs bands and rows given (init --bands
+    --rows))": to rebuild, whose store init refuses; to params and demo, which take no
+    banding; and for 0, 1.5 or nan, which are no threshold of 1 (review 45)."""
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a document of a few words"}\n')
+    names = {"tmp": tmp_path, "store": store_path}
+    result = _run(runner, *(part.format(**names) for part in args))
+    assert result.exit_code == 2
+    [line] = result.output.splitlines()
+    assert line.startswith("Error: threshold=") and "init --bands --rows" not in line
+    if advice is None:
+        assert "threshold of 1" not in line
+    else:
+        assert line.endswith(f"({advice})")
+    assert not (tmp_path / "new.ndx").exists() and not (tmp_path / "d.ndx").exists()
+
+
+@pytest.mark.parametrize("docs", [2, 3, 100])
+def test_demo_makes_exactly_the_documents_asked_for(runner: CliRunner, docs: int) -> None:
+    """--docs 2 made 4 documents and --docs 100 made 102: the last planted group's
+    copies went past the count (review 45)."""
+    result = runner.invoke(cli, ["demo", "--docs", str(docs), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.splitlines()[-1])["summary"]["documents"] == docs
+    for groups in (0, 1, 40, 1000):
+        corpus = make_corpus(docs, groups, seed=docs)
+        assert len(corpus.documents) == docs
+        assert all(len(g) >= 2 and set(g) <= corpus.documents.keys() for g in corpus.planted)

@@ -119,6 +119,11 @@ _SIGS = np.random.default_rng(0).integers(0, 3, (10, 8)).astype(np.uint32)
         lambda: connected_components(3, np.array([[0.0, 1.0]])),
         lambda: connected_components(3, None),
         lambda: connected_components("3", np.array([[0, 1]])),
+        # numpy's raw ValueError "Maximum allowed size exceeded" (review 44)
+        lambda: connected_components(10**30, np.zeros((0, 2), np.int64)),
+        lambda: connected_components(2**64, []),
+        # labels for 2**62 nodes: 32 EiB, a raw MemoryError
+        lambda: connected_components(2**62, np.zeros((0, 2), np.int64)),
     ],
 )
 def test_cluster_helpers_refuse_wrong_inputs_with_a_typed_error(call: object) -> None:

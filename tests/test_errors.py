@@ -26,6 +26,7 @@ from neardup_store.errors import (
 )
 from neardup_store.lsh import LSHParams, choose_params
 from neardup_store.minhash import MinHashConfig
+from neardup_store.similarity import bag_jaccard
 from neardup_store.text import ShingleConfig
 
 _SAMPLES = {"str": "a/b", "object": b"v", "int": 7, "int | None": 3, "bool": True}
@@ -186,3 +187,57 @@ def test_an_export_whose_cleanup_fails_too_raises_the_typed_error_of_the_write(
             store.export_file(tmp_path / "out.export")
     assert raised.value.detail == os.strerror(errno.ENOSPC)
     assert not (tmp_path / "out.export").exists()
+
+
+_CHOICES = {
+    "kind": (lambda value: ShingleConfig(kind=value, size=3), "word"),
+    "scheme": (lambda value: MinHashConfig(scheme=value), "kperm"),
+    "keys": (lambda value: LSHParams(4, 4, keys=value), "fold"),
+    "union": (lambda value: bag_jaccard(["a", "a"], ["a"], union=value), "max"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CHOICES))
+def test_a_choice_among_strings_takes_a_str_and_no_numpy_array(name: str) -> None:
+    """``np.array("word") in ("char", "word", ...)`` is numpy's element-wise comparison:
+    a 0-d array (or a one-element one) equal to a choice passed and was kept, unhashable
+    and unencodable (Store.open then failed raw in msgpack, leaving files), and a longer
+    one raised numpy's raw "truth value is ambiguous" (review 44). numpy's ``str_``,
+    which arrays hand out, is taken as the plain ``str``."""
+    make, good = _CHOICES[name]
+    for bad in (np.array(good), np.array([good]), np.array([good, good]), None):
+        with pytest.raises(InvalidParameterError, match=f"^{name}=.*a str, one of"):
+            make(bad)
+    made, plain = make(np.str_(good)), make(good)
+    assert made == plain
+    if name != "union":
+        assert type(getattr(made, name)) is str and hash(made) == hash(plain)
+
+
+class _FsPath:
+    """An ``os.PathLike`` whose path is given."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return self.path
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("a\x00b", "without a NUL character"),
+        (_FsPath("dir/\x00"), "without a NUL character"),
+        ("\ud800x", r"the file name encoding \(utf-8\) can represent, which '\\ud800' is not"),
+    ],
+)
+def test_path_of_refuses_a_path_the_file_system_cannot_name(path: object, fragment: str) -> None:
+    """A NUL or a lone surrogate reached the first file system call of Store.open, backup
+    and export_file, which raised a raw ValueError or UnicodeEncodeError (review 44). An
+    undecodable byte that Python holds as a surrogate escape (U+DC80-U+DCFF) is a name."""
+    if "utf-8" in fragment and sys.getfilesystemencoding() != "utf-8":
+        pytest.skip("the message names this system's file name encoding")
+    with pytest.raises(InvalidParameterError, match=f"^path=.*{fragment}"):
+        errors.path_of(path)
+    assert errors.path_of("a\udcffb") == Path(os.fsdecode(b"a\xffb"))

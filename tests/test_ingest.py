@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -23,6 +24,7 @@ from neardup_store.ingest import (
     Failure,
     Interrupted,
     Record,
+    check_dedup_paths,
     dedup,
     ingest,
     progress_path,
@@ -158,6 +160,88 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, jsonl: bool) -> None:
         assert (record.key, record.text) == ("s1", "from stdin")
     else:
         assert (record.key, record.text) == ("-", data.decode())
+
+
+class _FailsAfter(io.RawIOBase):
+    """A stream that gives ``data`` and then fails to read, as a failing disk, NFS or FUSE
+    does (EIO), however often it is asked again."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._data:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        size = min(len(buffer), len(self._data))
+        buffer[:size], self._data = self._data[:size], self._data[size:]
+        return size
+
+
+def test_json_lines_that_fail_to_read_part_way_keep_the_lines_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read error part-way through JSON lines escaped the reader as a bare OSError,
+    which the CLI printed as a traceback (review 45): it is the input's failure, after
+    the lines read before it."""
+    data = b'{"id": "a", "text": "read before the error"}\n{"id": "b", "te'
+    stream = io.TextIOWrapper(io.BufferedReader(_FailsAfter(data), buffer_size=16))
+    monkeypatch.setattr(sys, "stdin", stream)
+    records, failures = _split(list(read_inputs(["-"], jsonl=True)))
+    assert [r.key for r in records] == ["a"]
+    assert failures == [Failure("-", "cannot read it: Input/output error", "-")]
+    assert failures[0].error == "OSError"
+
+
+def _refusing_to_list(monkeypatch: pytest.MonkeyPatch, denied: Path) -> None:
+    """``os.scandir`` of ``denied`` fails as a directory without read permission does,
+    whoever runs the test (root reads any directory)."""
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if Path(os.fsdecode(path)) == denied:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+
+
+@pytest.mark.parametrize("denied", ["docs/sub", "docs"])
+def test_a_directory_that_cannot_be_listed_is_a_failure_in_walk_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, denied: str
+) -> None:
+    """os.walk drops listing errors unless asked: a directory add could not list was
+    left out in silence, "failed 0" (review 45)."""
+    root = tmp_path / "docs"
+    for name in ["a.txt", "sub/b.txt", "z.txt"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"the text of {name}", encoding="utf-8")
+    _refusing_to_list(monkeypatch, tmp_path / denied)
+    items = list(read_inputs([root]))
+    failure = Failure(str(tmp_path / denied), "cannot read it: Permission denied")
+    if denied == "docs":
+        assert items == [failure]
+    else:
+        assert items[0].key == str(root / "a.txt") and items[2].key == str(root / "z.txt")
+        assert items[1] == failure and items[1].error == "PermissionError"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_walk_reports_what_is_no_regular_file_without_opening_it(tmp_path: Path) -> None:
+    """Opening a named pipe met on a walk waited for a writer for ever (review 45); a
+    broken symbolic link is still opened, and so reported by the error it gives."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.txt").write_text("a regular file", encoding="utf-8")
+    os.mkfifo(root / "pipe")
+    (root / "gone").symlink_to(root / "missing.txt")
+    walked = list(ingest_module.walk_inputs(root, ("*",)))
+    assert walked[0] == root / "a.txt" and walked[1] == root / "gone"
+    assert isinstance(walked[2], Failure) and walked[2].file == str(root / "pipe")
+    assert walked[2].reason.startswith("a named pipe, not a regular file")
+    assert list(ingest_module.walk_directory(root, ("*",))) == walked[:2]
 
 
 # -- ingest ----------------------------------------------------------------------------------
@@ -462,6 +546,60 @@ def test_dedup_resumes_to_the_same_outputs(
     assert len(expected.failed) == 1 and "malformed JSON" in expected.failed[0].reason
     for name in ["keep.jsonl", "dropped.jsonl"]:
         assert (resumed / name).read_bytes() == (reference / name).read_bytes()
+
+
+def test_dedup_input_that_fails_part_way_names_itself_and_resumes(
+    tmp_path: Path, archive: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read error on the input part-way was a bare OSError, which the CLI printed as a
+    traceback (review 45): it names the input and says what is committed, and the same
+    job then resumes to the outputs of an uninterrupted run."""
+    expected, reference = _reference_run(tmp_path, archive, batch_size=16)
+    read_lines, calls = ingest_module._read_lines, []
+
+    def failing_on_the_third(*args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 3:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_lines(*args)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
+        monkeypatch.setattr(ingest_module, "_read_lines", failing_on_the_third)
+        with pytest.raises(OSError, match="Input/output error") as caught:
+            _dedup(store, archive, out, batch_size=16)
+        assert caught.value.filename == str(archive.resolve())
+        assert caught.value.__notes__ == [
+            "nothing of the batch being read was committed, any batches before it were: "
+            "once the input can be read, run the same command again to resume after them"
+        ]
+        assert len(store) == sum(1 for _ in (out / "keep.jsonl").open()) > 0
+        monkeypatch.undo()
+        report = _dedup(store, archive, out, batch_size=16)
+    assert report.resumed_from == 32
+    _assert_as_uninterrupted(report, out, expected, reference)
+
+
+def test_dedup_refuses_an_input_whose_start_cannot_be_read_before_creating_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, archive: Path
+) -> None:
+    """An input that opened but failed its first read (here as a failing disk would)
+    was refused only after the CLI had made the store and the outputs (review 45)."""
+    opened = Path.open
+
+    def failing(path: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        stream = opened(path, mode, *args, **kwargs)
+        if path == archive.resolve() and "r" in mode:
+            stream.close()
+            return io.BufferedReader(_FailsAfter(b""))
+        return stream
+
+    monkeypatch.setattr(Path, "open", failing)
+    with pytest.raises(InvalidParameterError, match="a file that can be read") as caught:
+        check_dedup_paths(archive, tmp_path / "k.jsonl", tmp_path / "d.jsonl", tmp_path / "s")
+    assert "(it gives: Input/output error)" in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archive.jsonl"]
 
 
 @pytest.mark.parametrize("committed", [False, True])

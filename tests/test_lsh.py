@@ -257,3 +257,54 @@ def test_choose_params_ruling_bandings_out_keeps_the_exhaustive_answer(num_perm:
             best = int(np.argmin(fp_weight * fp + fn_weight * fn))
             chosen = choose_params(threshold, num_perm, fp_weight, fn_weight)
             assert (chosen.bands, chosen.rows) == (bands[best], rows[best])
+
+
+@pytest.mark.parametrize("banding", [(1000, 100), (100, 82), (MAX_NUM_PERM + 1, 1)])
+@pytest.mark.parametrize(
+    "method",
+    ["false_positive_area", "false_negative_area", "false_positive_rate", "false_negative_rate"],
+)
+def test_areas_and_rates_refuse_a_banding_wider_than_the_longest_signature(
+    monkeypatch: pytest.MonkeyPatch, banding: tuple[int, int], method: str
+) -> None:
+    """The quadrature for bands*rows values builds a dense matrix of about (width / 2)**2
+    floats: 1000 x 100 asked numpy for 32 GiB (a raw MemoryError) and 100 x 100 ran for
+    minutes (review 44). Refused before any node is made; 8192 wide is still answered."""
+
+    def no_nodes(points: int) -> None:
+        raise AssertionError(f"{points} quadrature nodes made for a refused banding")
+
+    monkeypatch.setattr(lsh, "_nodes", no_nodes)
+    with pytest.raises(InvalidParameterError, match=f"bands\\*rows=.*at most {MAX_NUM_PERM}"):
+        getattr(LSHParams(*banding), method)(0.8)
+    monkeypatch.setattr(lsh, "_areas", lambda *args: (np.array([0.25]), np.array([0.125])))
+    widest = LSHParams(MAX_NUM_PERM // 2, 2)
+    assert (widest.false_positive_area(0.5), widest.false_negative_rate(0.5)) == (0.25, 0.25)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        np.array([["a", "b"], ["a", "c"]]),
+        np.array([[None, 1], [None, 2]], dtype=object),
+        np.array([[np.nan], [np.nan]]),
+        np.array([[True], [True]]),
+    ],
+    ids=["str", "object", "nan", "bool"],
+)
+def test_candidate_pairs_refuses_keys_that_are_no_integers(keys: np.ndarray) -> None:
+    """str keys raised a raw ValueError, object ones a raw TypeError, and NaN keys were
+    answered as the pair [0, 1] (review 44). No keys at all are still no pairs."""
+    for key_bits in (64, 40):
+        with pytest.raises(InvalidParameterError, match="integer band keys"):
+            candidate_pairs(keys, key_bits)
+    assert candidate_pairs(np.empty((0, 3))).shape == (0, 2)
+
+
+@pytest.mark.parametrize("threshold", [1, 1.0, 0, 1.5, float("nan")])
+def test_only_a_threshold_of_1_is_told_to_give_the_banding(threshold: float) -> None:
+    """The advice to give bands and rows was added to every refused threshold, though
+    only 1 can be served that way (0, 1.5 and nan cannot be served at all; review 45)."""
+    with pytest.raises(InvalidParameterError) as refused:
+        choose_params(threshold)
+    assert ("bands= and rows= given" in str(refused.value)) == (threshold == 1)

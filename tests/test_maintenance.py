@@ -510,8 +510,9 @@ def test_check_names_a_corrupt_records_key_and_its_advice_restores_the_store(
     _flipped_byte(path)
     with Store.open(path) as damaged:
         (violation,) = damaged.check().violations
-        assert "key 'doc-0010': remove it by that key, run check --repair" in violation.detail
-        damaged.remove("doc-0010")
+        assert "key doc-0010: remove it by that key, run check --repair" in violation.detail
+        assert violation.key == "doc-0010"
+        damaged.remove(violation.key)
         assert damaged.check(repair=True).remaining == []
         text = corpus.documents["doc-0010"]
         damaged.add("doc-0010", text)
@@ -530,10 +531,38 @@ def test_a_repair_before_the_advice_keeps_the_damaged_records_key(
     with Store.open(path) as damaged:
         repaired = damaged.check(repair=True)
         (left,) = repaired.remaining
-        assert left.kind == "corrupt-record" and "key 'doc-0010': remove it" in left.detail
+        assert left.kind == "corrupt-record" and "key doc-0010: remove it" in left.detail
         damaged.remove("doc-0010")
         damaged.add("doc-0010", corpus.documents["doc-0010"])
         assert damaged.check(repair=True).remaining == [] and damaged.check().ok
+
+
+_KEYS_THAT_READ_ALIKE = {b"\x00\xff": "hex:00ff", "hex:00ff": "\\hex:00ff", "x\ny": "str:780a79"}
+"""Keys whose Python reprs are no keys to type (and two of which read alike once a user
+drops the quotes), each with how every command prints it."""
+
+
+def test_check_names_keys_as_the_cli_prints_them_and_carries_each_key(tmp_path: Path) -> None:
+    """check wrote keys as Python reprs (``'hex:00ff'``, ``b'\\x00\\xff'``, ``'x\\ny'``):
+    read without the quotes, the str key ``hex:00ff`` named the bytes key, and ``remove``
+    took out a healthy document (review 45). Each is now named as keys print, the key
+    itself attached; a keys entry of no record too."""
+    path = tmp_path / "keys.ndx"
+    with Store.open(path, create=True) as store:
+        for i, key in enumerate(_KEYS_THAT_READ_ALIKE):
+            store.add(key, f"document number {i} of a store whose keys read alike")
+    for key in _KEYS_THAT_READ_ALIKE:
+        raw, is_str = (key.encode(), True) if isinstance(key, str) else (key, False)
+        _delete(path, codec.KEYS_DB, codec.key_index(raw, is_str))
+    _put(path, codec.KEYS_DB, codec.key_index(b"\x01", False), codec.encode_id(999))
+    with Store.open(path) as store:
+        found = store.check().violations
+    missing = {v.key: v.detail for v in found if v.kind == "key-missing"}
+    assert set(missing) == set(_KEYS_THAT_READ_ALIKE)
+    for key, printed in _KEYS_THAT_READ_ALIKE.items():
+        assert missing[key].startswith(f"key {printed} of record "), missing[key]
+    (orphan,) = [v for v in found if v.kind == "key-orphan"]
+    assert orphan.key == b"\x01" and orphan.detail == "keys entry of key hex:01 points to no record"
 
 
 @pytest.mark.parametrize("entry", ["commit_counter", "next_doc_id", "map_size"])

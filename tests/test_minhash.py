@@ -191,12 +191,16 @@ def test_configuration_round_trips_through_a_plain_dict() -> None:
     assert MinHashConfig.from_dict(config.to_dict()) == config
 
 
-@pytest.mark.parametrize("documents", ["one document as a str", b"bytes", None, 5])
+@pytest.mark.parametrize(
+    "documents",
+    # a 0-d array passed as an Iterable, then raised numpy's raw TypeError (review 44)
+    ["one document as a str", b"bytes", None, 5, np.array("one document"), np.array(None)],
+)
 def test_batch_calls_reject_a_single_document_or_non_iterable(documents: object) -> None:
     with pytest.raises(nd.BatchTypeError, match="expected an iterable of documents") as info:
         MinHasher().signatures(documents)  # type: ignore[arg-type]
     assert isinstance(info.value, TypeError)
-    if isinstance(documents, str):
+    if isinstance(documents, str | np.ndarray):
         assert "signature()" in str(info.value)
 
 

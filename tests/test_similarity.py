@@ -75,3 +75,42 @@ def test_similarity_helpers_refuse_wrong_inputs_with_a_typed_error(call: object)
     with pytest.raises(nd.InvalidParameterError):
         call()  # type: ignore[operator]
     assert nd.sum_union_from_max_union(np.float32(0.5)) == pytest.approx(1 / 3)
+
+
+_HASHES = np.array([1, 2], dtype=np.uint64)
+
+
+_NO_COLLECTIONS = {
+    "jaccard of None": (lambda: nd.jaccard(None, [1]), "a"),
+    "jaccard of a number": (lambda: nd.jaccard([1], 5), "b"),
+    "jaccard of unhashable items": (lambda: nd.jaccard([[1], [2]], [1]), "a"),
+    "bag_jaccard of None": (lambda: nd.bag_jaccard(None, [1]), "a"),  # Counter(None): 0.0
+    "bag_jaccard of a 0-d array": (lambda: nd.bag_jaccard([1], np.array("ab")), "b"),
+    "bag_jaccard union as an array": (
+        lambda: nd.bag_jaccard([1], [1], union=np.array(["sum", "max"])),
+        "union",
+    ),
+    "hashed_jaccard of True": (lambda: nd.hashed_jaccard(True, _HASHES), "a"),  # was 1.0
+    "hashed_jaccard of None": (lambda: nd.hashed_jaccard(None, _HASHES), "a"),
+    "hashed_jaccard of a dict": (lambda: nd.hashed_jaccard({}, _HASHES), "a"),
+    "hashed_jaccard of floats": (lambda: nd.hashed_jaccard(_HASHES, np.array([1.0, 2.0])), "b"),
+    "hashed_jaccard of a 2-D array": (
+        lambda: nd.hashed_jaccard(_HASHES, np.array([[1, 2]], np.uint64)),
+        "b",
+    ),
+    "estimate_jaccard of empty signatures": (
+        lambda: nd.estimate_jaccard(np.array([], np.uint32), np.array([], np.uint32)),
+        "signature",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_NO_COLLECTIONS))
+def test_exact_and_estimated_similarity_refuse_what_is_no_collection(case: str) -> None:
+    """Raw TypeError/ValueError, or a number for nonsense: bag_jaccard(None, [1]) was 0.0,
+    hashed_jaccard(True, [1]) 1.0 and an empty signature's estimate NaN (review 44)."""
+    call, name = _NO_COLLECTIONS[case]
+    with pytest.raises(nd.InvalidParameterError, match=f"^{name}"):
+        call()  # type: ignore[operator]
+    assert nd.hashed_jaccard([], []) == 1.0 == nd.hashed_jaccard([1, 2], (2, 1))
+    assert nd.jaccard("ab", np.array(["b", "a"])) == 1.0 == nd.bag_jaccard((1,), {1}, "max")

@@ -714,6 +714,21 @@ def test_a_directory_spark_wrote_is_read_without_its_bookkeeping_files(tmp_path:
         list_inputs(None, [str(tmp_path)])
 
 
+def test_a_directory_entry_the_job_cannot_read_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """A named pipe in an input directory was listed for the job, whose read of it waits
+    for a writer for ever (the walk now reports it, as add's does; review 45)."""
+    from neardup_store.spark.pipeline import list_inputs
+
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "a line"}\n')
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    with pytest.raises(InvalidParameterError, match=r"pipe\.jsonl.*named pipe, not a regular"):
+        list_inputs(None, [str(tmp_path)])
+    (tmp_path / "pipe.jsonl").unlink()
+    assert list_inputs(None, [str(tmp_path)]) == [[str(tmp_path / "a.jsonl")]]
+
+
 def test_spark_dedup_takes_every_parameter_init_takes(
     spark: Any, corpus: dict[str, Any], tmp_path: Path
 ) -> None:

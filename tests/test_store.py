@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import io
 import itertools
 import json
 import os
 import pickle
+import platform
 import random
 import shutil
 import signal
@@ -31,9 +33,10 @@ from harness import interrupted_at_call
 from test_band_cache import cached_and_direct
 from test_format import rewrite_sealed_meta
 
-from neardup_store import codec
+from neardup_store import codec, lmdbfile
 from neardup_store import store as store_module
 from neardup_store.errors import (
+    CorruptStoreError,
     DuplicateKeyError,
     EmptyDocumentError,
     ForkedStoreError,
@@ -49,6 +52,7 @@ from neardup_store.errors import (
     StoreBusyError,
     StoreClosedError,
     StoreNotFoundError,
+    StorePermissionError,
     TransactionAbortedError,
     TransactionConflictError,
 )
@@ -1394,6 +1398,19 @@ def test_query_many_bad_arguments(corpus_store: Store) -> None:
         corpus_store.query_many()
     with pytest.raises(InvalidParameterError):
         corpus_store.query_many(signatures=SIG)
+
+
+@pytest.mark.parametrize("signatures", [SIG[None, :], []], ids=["one", "none"])
+def test_query_many_refuses_exact_with_signatures_as_query_does(
+    corpus_store: Store, signatures: object
+) -> None:
+    """exact= needs the query texts: with signatures= it met a bare assert (an
+    AssertionError, or under python -O a raw TypeError; review 42), or an empty batch
+    answered []; query(signature=, exact=) was refused with InvalidParameterError."""
+    with pytest.raises(InvalidParameterError, match="exact=.*text quer"):
+        corpus_store.query_many(signatures=signatures, exact=str)
+    with corpus_store.read() as txn, pytest.raises(InvalidParameterError, match="exact="):
+        txn.query_many(signatures=signatures, exact=str)
 
 
 def test_removed_document_no_longer_matches(
@@ -3086,3 +3103,464 @@ def test_a_ctrl_c_anywhere_in_a_write_s_end_says_whether_the_block_is_stored(
     # generator's cleanup, which runs once nothing refers to the interrupted frames.
     del stopped
     gc.collect()
+
+
+# -- a data.mdb cut short or cut to nothing (review 43) ------------------------------------------
+
+_OPEN_CUT_STORE = r"""
+import json, sys
+from neardup_store import CorruptStoreError, Store
+from neardup_store.cli import main
+
+path = sys.argv[1]
+seen = {}
+for name, options in (("read-write", {}), ("read-only", {"read_only": True}),
+                      ("create", {"create": True})):
+    try:
+        Store.open(path, **options).close()
+        seen[name] = "opened"
+    except CorruptStoreError as err:
+        seen[name] = str(err)
+print(json.dumps(seen), flush=True)
+sys.argv = ["neardup-admin", "check", path]
+main()
+"""
+
+
+def _copy_cut_to(source: Path, target: Path, size: int) -> Path:
+    """A copy of the store at ``source`` whose ``data.mdb`` is cut to ``size`` bytes."""
+    shutil.copytree(source, target)
+    os.truncate(target / "data.mdb", size)
+    return target
+
+
+def test_a_data_file_cut_short_is_refused_at_every_open_unless_only_free_pages_are_cut(
+    tmp_path: Path,
+) -> None:
+    """LMDB reads its pages through a map larger than the file: a data.mdb cut short (an
+    interrupted copy or restore) killed Store.open, read-only too, and `neardup-admin
+    check` with SIGBUS (review 43). A file whose pages past its end are all free is
+    sound (LMDB never writes the pages a transaction took and freed again) and opens."""
+    source = tmp_path / "store"
+    texts = [(f"k{i}", f"document number {i} with some words in it {i * 7}") for i in range(2000)]
+    with Store.open(source, create=True, num_perm=16, bands=4, rows=4) as store:
+        store.add_many(texts)
+    size = (source / "data.mdb").stat().st_size
+    cut = _copy_cut_to(source, tmp_path / "cut", size // 2 // 4096 * 4096)
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_CUT_STORE, str(cut)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 2, done  # a SIGBUS was -7
+    seen = json.loads(done.stdout.splitlines()[0])
+    for name in ("read-write", "read-only", "create"):
+        assert f"data.mdb is {size // 2 // 4096 * 4096} bytes, short of the {size}" in seen[name]
+        assert "the file was cut short" in seen[name]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"Error: {cut}: the store is corrupt") and "cut short" in line
+    assert (cut / "data.mdb").stat().st_size == size // 2 // 4096 * 4096  # left as it was
+
+    emptied = tmp_path / "emptied"  # its last pages are free: cutting them off loses nothing
+    with Store.open(emptied, create=True, num_perm=16, bands=4, rows=4) as store:
+        store.add_many(texts)
+        store.remove_many([key for key, _ in texts])
+        store.purge()
+        store.add("z", "the one document left in the store")
+    report = lmdbfile.walk(emptied / "data.mdb")
+    in_use = max(page for page, owner in report.owners.items() if owner != lmdbfile.FREE)
+    assert in_use < report.last_page - 10
+    free_cut = _copy_cut_to(emptied, tmp_path / "free-cut", (in_use + 1) * report.page_size)
+    with Store.open(free_cut) as store:
+        assert list(store) == ["z"] and store.check().ok
+        store.add_many(texts[:100])
+        assert len(store) == 101 and store.check().ok
+    one_more = _copy_cut_to(emptied, tmp_path / "one-more", in_use * report.page_size)
+    with pytest.raises(CorruptStoreError, match=f"page {in_use} of .* lies past its end"):
+        Store.open(one_more, read_only=True)
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="the commits LMDB's lock file records are read where its layout is known",
+)
+def test_a_data_file_cut_to_nothing_is_told_from_a_creation_that_never_wrote(
+    store_path: Path,
+) -> None:
+    """A committed store's data.mdb cut to 0 bytes was taken for a creation that never
+    committed: the open advised create=True, and a read-write open (or create=True) made
+    an empty store over it (review 43). The directory decides: lock.mdb records the
+    commits, and every creation first makes neardup.create.lock (create=True makes one
+    too, so it goes on without)."""
+    with Store.open(store_path, create=True) as store:
+        store.add("a", "a document of the store that is lost")
+    os.truncate(store_path / "data.mdb", 0)
+    for options in ({}, {"read_only": True}, {"create": True}):
+        with pytest.raises(CorruptStoreError, match=r"empty, though lock\.mdb records 2 commits"):
+            Store.open(store_path, **options)
+    assert (store_path / "data.mdb").stat().st_size == 0  # nothing made over it
+    (store_path / "lock.mdb").unlink()  # nothing tells any more: both are said
+    with pytest.raises(NotAStoreError, match=r"restore its data\.mdb from a backup") as unknown:
+        Store.open(store_path)
+    assert unknown.value.found == store_module.EMPTY_DATA_FILE
+    assert not store_module.holds_store(store_path)  # so `init` goes on, as create=True does
+    (store_path / store_module.CREATE_LOCK_FILE).unlink()  # no creation was ever begun
+    for read_only in (False, True):
+        with pytest.raises(CorruptStoreError, match="no creation was begun here"):
+            Store.open(store_path, read_only=read_only)
+    assert sorted(p.name for p in store_path.iterdir()) == ["data.mdb", "neardup.lock"]
+    with Store.open(store_path, create=True) as store:  # a killed creation: it goes on
+        store.add("b", "a document of the new store")
+    with Store.open(store_path) as store:
+        assert list(store) == ["b"]
+
+
+# -- close() and other threads (review 43) -------------------------------------------------------
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait (polling, at most 30 s) until ``condition()`` holds."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting until {what}"
+        time.sleep(0.001)
+
+
+def test_close_holds_back_the_transactions_of_threads_that_hold_none(store_path: Path) -> None:
+    """New transactions did not wait for a pending close(), as its docstring says: under
+    steady short reads from two threads it waited its whole 60 s, then refused (review
+    43). A thread that holds a read still begins another (the close waits for it)."""
+    store = Store.open(store_path, create=True)
+    store.add("a", "a document the threads read")
+    holding, release = threading.Event(), threading.Event()
+    nested: list[int] = []
+    late: list[object] = []
+
+    def holder() -> None:
+        with store.read() as txn:
+            holding.set()
+            release.wait(30)
+            nested.extend((len(store), len(txn)))  # begun while the close waits
+
+    def newcomer() -> None:
+        try:
+            with store.read() as txn:
+                late.append(len(txn))
+        except StoreClosedError as err:
+            late.append(err)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert holding.wait(30)
+    threads.append(threading.Thread(target=store.close))
+    threads[-1].start()
+    _until(lambda: store._closers_waiting == 1, "the close waits")
+    threads.append(threading.Thread(target=newcomer))
+    threads[-1].start()
+    # The newcomer waits on the same condition as the close (or, before the fix, read).
+    _until(lambda: len(store._readers_done._waiters) == 2 or bool(late), "the newcomer waits")  # type: ignore[attr-defined]
+    assert not late
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert nested == [1, 1]
+    assert repr(store).endswith("closed>")
+    assert len(late) == 1 and isinstance(late[0], StoreClosedError)
+
+
+# -- paths no store can be at, and advice that works (review 43) ----------------------------------
+
+
+def _file_on_the_way(base: Path) -> Path:
+    (base / "afile").write_text("a file where a directory would go")
+    return base / "afile" / "store"
+
+
+def _dangling_link(base: Path) -> Path:
+    (base / "link").symlink_to(base / "nowhere")
+    return base / "link"
+
+
+def _loop_of_links(base: Path) -> Path:
+    (base / "one").symlink_to(base / "two")
+    (base / "two").symlink_to(base / "one")
+    return base / "one" / "store"
+
+
+def _name_too_long(base: Path) -> Path:
+    return base / ("x" * 300)
+
+
+@pytest.mark.parametrize(
+    ("make", "found"),
+    [
+        (_file_on_the_way, r"afile is a file"),
+        (_dangling_link, r"link is a link to '.*nowhere', which does not exist"),
+        (_loop_of_links, r"one is in a loop of symbolic links"),
+        (_name_too_long, r"its name 'x{37}\.\.\.' \(300 bytes\) or the whole path is longer"),
+    ],
+)
+@pytest.mark.parametrize("create", [False, True])
+def test_a_path_no_store_can_be_at_is_a_typed_error_that_names_the_part_at_fault(
+    tmp_path: Path, make: Callable[[Path], Path], found: str, create: bool
+) -> None:
+    """Raw NotADirectoryError, FileExistsError and OSError (File name too long) came out
+    of Store.open (review 43); an open without create advised create=True for a path
+    where creating is refused in turn."""
+    base = tmp_path / "base"
+    base.mkdir()
+    path = make(base)
+    before = sorted(base.iterdir())
+    with pytest.raises((NotAStoreError, StoreNotFoundError), match=found) as raised:
+        Store.open(path, create=create)
+    assert "create=True to make one" not in str(raised.value)
+    if create:
+        assert isinstance(raised.value, NotAStoreError)
+    assert sorted(base.iterdir()) == before  # nothing made
+
+
+def test_a_lock_file_that_is_a_directory_is_a_typed_error(store_path: Path) -> None:
+    """A raw IsADirectoryError (review 43)."""
+    Store.open(store_path, create=True).close()
+    (store_path / "neardup.lock").unlink()
+    (store_path / "neardup.lock").mkdir()
+    with pytest.raises(CorruptStoreError, match=r"lock file neardup\.lock is a directory: remove"):
+        Store.open(store_path)
+
+
+def test_opening_a_directory_of_other_files_does_not_advise_create(tmp_path: Path) -> None:
+    """The advice was to pass create=True, which then refused: such a directory is most
+    likely a mistyped path (review 43)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "notes.txt").write_text("my own files")
+    with pytest.raises(StoreNotFoundError) as raised:
+        Store.open(docs)
+    message = str(raised.value)
+    assert "create=True" not in message
+    assert "it holds other files ('notes.txt'): check the path" in message
+
+
+# -- a fork inside a write block, a full reader table, a dropped store (review 43) ----------------
+
+
+def test_a_child_forked_inside_a_write_block_is_told_it_is_a_child(store: Store) -> None:
+    """The write flag it inherits was tested first: store.add, remove, add_if_unique and
+    write() raised StoreBusyError, "inside another one of the same thread" (review 43)."""
+    read_end, write_end = os.pipe()
+    with store.write() as txn:
+        txn.add("parent", "the parent adds this before the fork")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read_end)
+                outcomes = []
+                calls: list[Callable[[], object]] = [
+                    lambda: store.add("child", "the child tries to add this"),
+                    lambda: store.remove("parent"),
+                    lambda: store.add_if_unique("child", "the child tries to add this"),
+                    lambda: store.write().__enter__(),
+                ]
+                for call in calls:
+                    try:
+                        call()
+                        outcomes.append("no error")
+                    except BaseException as err:
+                        outcomes.append(type(err).__name__)
+                os.write(write_end, json.dumps(outcomes).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            report = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert json.loads(report) == ["ForkedStoreError"] * 4
+    assert list(store) == ["parent"]
+
+
+def test_stats_and_a_dry_run_compaction_type_a_full_reader_table(tmp_path: Path) -> None:
+    """Each began a second read transaction through env.open_db(None) while its own was
+    open: with max_readers=1 a raw lmdb.ReadersFullError came out (review 43)."""
+    with Store.open(tmp_path / "s", create=True, num_perm=16, max_readers=1) as store:
+        store.add("a", "a document of some words")
+        assert store.stats().documents == 1
+        assert store.compact(dry_run=True) is not None
+
+
+def _descriptors_on(path: Path) -> list[str]:
+    """This process's open descriptors of files under ``path``."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(path)):
+                held.append(target)
+    return held
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_a_store_dropped_without_close_gives_its_lock_back(
+    store_path: Path, tmp_path: Path
+) -> None:
+    """Its neardup.lock descriptor, with its shared lock, stayed open until the process
+    exited, so compact and rebuild elsewhere refused (review 43). A store that was
+    closed never closes its old descriptor number again, which another file may hold."""
+    Store.open(store_path, create=True).close()
+    assert len(Store.open(store_path)) == 0  # opened and dropped
+    gc.collect()
+    assert _descriptors_on(store_path) == []
+    fd = os.open(store_path / "neardup.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no other holder left
+    finally:
+        os.close(fd)
+    closed = Store.open(store_path)
+    number = closed._lock_fd
+    assert number is not None
+    closed.close()
+    other = os.open(tmp_path / "other.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    if other != number:
+        os.dup2(other, number)  # the number, handed out again
+        os.close(other)
+    try:
+        del closed
+        gc.collect()
+        os.write(number, b"still open")  # EBADF, had it been closed under its new owner
+    finally:
+        os.close(number)
+    assert (tmp_path / "other.txt").read_text() == "still open"
+
+
+def test_a_writable_open_of_a_data_file_this_user_may_only_read_says_so(
+    shared_directory: Path,
+) -> None:
+    """Its StorePermissionError listed only what was granted already (read access to
+    data.mdb, write access to the lock files), and not that writing needs write access
+    to data.mdb, nor that read_only=True opens it (review 43)."""
+    path = shared_directory / "s"
+    with Store.open(path, create=True, num_perm=16, bands=4, rows=4, mode=0o777) as store:
+        store.add("a", "some document text")
+    path.chmod(0o777)
+    for name in ("lock.mdb", "neardup.lock"):
+        (path / name).chmod(0o666)
+    (path / "data.mdb").chmod(0o444)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the other user: report through the pipe, never return into pytest
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            seen = {}
+            try:
+                Store.open(path).close()
+                seen["read-write"] = "opened"
+            except StorePermissionError as err:
+                seen["read-write"] = str(err)
+            with Store.open(path, read_only=True) as store:
+                seen["read-only"] = str(len(store))
+            os.write(write_end, json.dumps(seen).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    seen = json.loads(report)
+    assert seen["read-only"] == "1"
+    assert f"{path}/data.mdb is not writable by this user" in seen["read-write"]
+    assert "write access to data.mdb: open the store with read_only=True" in seen["read-write"]
+
+
+# -- batches: items placed, bools in signatures, ended transactions (review 44) ------------------
+
+
+def _items_with(bad: object, count: int = 10, at: int = 7) -> Iterator[object]:
+    for i in range(count):
+        yield bad if i == at else (f"key-{i}", f"generated text number {i} of the batch")
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "said"),
+    [
+        ((None, "text"), InvalidKeyError, "invalid document key None"),
+        (("", "text"), InvalidKeyError, "invalid document key ''"),
+        (("x" * 20000, "text"), InvalidKeyError, "20000 bytes long"),
+        ("k", InvalidParameterError, "expected a (key, text)"),
+    ],
+)
+def test_a_refused_key_or_item_of_a_batch_is_placed_in_the_whole_call(
+    store: Store, bad: object, error: type[Exception], said: str
+) -> None:
+    """A bad text or metadata was placed by its index in the whole call, a bad key or a
+    malformed item not at all: "invalid document key None" names nothing in a million
+    items (review 44)."""
+    for batch_size in (None, 3):
+        with pytest.raises(error) as raised:
+            store.add_many(_items_with(bad), batch_size=batch_size)
+        caught = raised.value
+        assert caught.index == 7 and str(caught).startswith("item #7: ")  # type: ignore[attr-defined]
+        assert said in str(caught)
+        assert pickle.loads(pickle.dumps(caught)).index == 7  # type: ignore[attr-defined]
+    with store.write() as txn, pytest.raises(error) as in_block:
+        txn.add_many_if_unique(list(_items_with(bad)))
+    assert in_block.value.index == 7  # type: ignore[attr-defined]
+    assert len(store) == 6 == caught.committed  # type: ignore[attr-defined]
+    if isinstance(bad, tuple):
+        with pytest.raises(InvalidKeyError) as removing:
+            store.remove_many(["key-0", "key-1", bad[0]])  # type: ignore[list-item]
+        assert removing.value.index == 2  # type: ignore[attr-defined]
+        with pytest.raises(InvalidKeyError) as single:  # one item: not numbered
+            store.add(bad[0], "text")  # type: ignore[arg-type]
+        assert single.value.index is None and "#" not in str(single.value)  # type: ignore[attr-defined]
+
+
+def test_a_bool_anywhere_in_a_signature_of_python_values_is_refused(store: Store) -> None:
+    """A row was judged by its first value: numpy stacks ints and bools as ints, so
+    [0] + [True] * (n - 1) was stored as 0, 1, 1, ... (review 44)."""
+    n = PARAMS["num_perm"]
+    rows = ([0] + [True] * (n - 1), [*range(n - 1), np.False_], (*range(n - 1), True))
+    for row in rows:
+        with pytest.raises(InvalidParameterError, match="bool values"):
+            store.add("k", signature=row)
+        with pytest.raises(InvalidParameterError, match="bool values") as in_batch:
+            store.add_signatures([("a", list(range(n))), ("b", row)])
+        assert in_batch.value.index == 1  # type: ignore[attr-defined]
+        with pytest.raises(InvalidParameterError, match="bool values"):
+            store.query(signature=row)
+        with pytest.raises(InvalidParameterError, match="bool values"):
+            store.query_many(signatures=[list(range(n)), row])
+    assert len(store) == 0
+    store.add("ints", signature=list(range(n)))  # a row of ints still goes in
+    assert store.get("ints").signature.tolist() == list(range(n))
+
+
+def test_every_batch_call_on_an_ended_transaction_refuses_an_empty_batch(store: Store) -> None:
+    """add_signatures([]), add_signatures_if_unique([]), remove_many([]) and
+    query_many(signatures=[]) answered 0 or [] after their block had ended, where
+    add_many([]) raised StoreClosedError (review 44)."""
+    with store.write() as writer:
+        pass
+    with store.read() as reader:
+        pass
+    calls: list[Callable[[], object]] = [
+        lambda: writer.add_many([]),
+        lambda: writer.add_many_if_unique([]),
+        lambda: writer.add_signatures([]),
+        lambda: writer.add_signatures_if_unique([]),
+        lambda: writer.remove_many([]),
+        lambda: writer.query_many([]),
+        lambda: writer.query_many(signatures=[]),
+        lambda: reader.query_many([]),
+        lambda: reader.query_many(signatures=[]),
+    ]
+    for call in calls:
+        with pytest.raises(StoreClosedError, match="the transaction is closed"):
+            call()

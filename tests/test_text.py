@@ -417,3 +417,36 @@ def test_a_bad_encoding_is_refused_even_for_str_documents() -> None:
             Shingler().hash_batch(documents, encoding="nope")
     with pytest.raises(InvalidParameterError, match="encoding='base64'"):
         Shingler().hash_document("some text", encoding="base64")
+
+
+def test_shingler_takes_numpy_seeds_and_checks_start_index() -> None:
+    """Shingler refused np.uint64(7), which MinHashConfig and band_keys take, saying it
+    was no integer, and hash_batch(start_index=None) raised a raw TypeError (review 44)."""
+    text = "a text to shingle"
+    shingler = Shingler(seed=np.uint64(7))
+    assert type(shingler.seed) is int and shingler.seed == 7
+    assert np.array_equal(shingler.hash_document(text), Shingler(seed=7).hash_document(text))
+    for start in (None, "0", 1.5, -1, True):
+        with pytest.raises(InvalidParameterError, match=r"^start_index="):
+            Shingler().hash_batch([text], start_index=start)  # type: ignore[arg-type]
+    with pytest.raises(EmptyDocumentError, match="document #11") as raised:
+        Shingler().hash_batch([text, " "], start_index=np.int64(10))
+    assert raised.value.index == 11
+
+
+@pytest.mark.parametrize("encoding", ["utf-8\x00", "\x00"])
+def test_an_encoding_name_holding_a_nul_is_refused_as_a_parameter(encoding: str) -> None:
+    """b"a".decode("utf-8\\x00") raises a plain ValueError, which escaped check_encoding
+    from every encoding= parameter (review 44)."""
+    with pytest.raises(InvalidParameterError, match=r"^encoding=.*a codec name"):
+        Shingler().hash_batch([b"some text"], encoding=encoding)
+    with pytest.raises(InvalidParameterError, match=r"^encoding="):
+        as_text(b"some text", encoding)
+
+
+@pytest.mark.parametrize("documents", [np.array("one text"), np.array(b"bytes"), np.float64(1)])
+def test_hash_batch_refuses_one_numpy_value_as_a_batch(documents: object) -> None:
+    """A 0-d array is an Iterable by its type, so it passed check_batch and its iteration
+    raised numpy's raw TypeError (review 44)."""
+    with pytest.raises(nd.BatchTypeError, match=r"got a 0-d \w+ \(one value\)"):
+        Shingler().hash_batch(documents)  # type: ignore[arg-type]

@@ -312,16 +312,13 @@ def list_inputs(spark: Any, paths: list[str]) -> list[list[str]]:
             its name (``.gz``, ...: the local tools read its bytes), or holds a ``:``,
             which Hadoop cannot read in a file name.
     """
-    from ..ingest import walk_directory
-
     listed = []
     for path in map(str, paths):
         path = str(local_path(path))
         if "://" in path:
             files = _hadoop_files(spark, path)
         elif Path(path).is_dir():  # absolute: a relative "a:b" would read as a URI
-            files = [str(f) for f in walk_directory(Path(path).absolute(), ("*",))]
-            files = [f for f in files if not _hadoop_bookkeeping(_name(f))]
+            files = [f for f in _walked(Path(path).absolute()) if not _hadoop_bookkeeping(_name(f))]
         elif Path(path).exists():
             files = [str(Path(path).absolute())]
         else:
@@ -329,6 +326,30 @@ def list_inputs(spark: Any, paths: list[str]) -> list[list[str]]:
         listed.append(files)
     _refuse_unreadable([f for files in listed for f in files])
     return listed
+
+
+def _walked(directory: Path) -> list[str]:
+    """The files of a local directory, as ``neardup-admin add`` walks it.
+
+    Raises:
+        InvalidParameterError: a directory in it cannot be listed, or an entry is no
+            regular file (a named pipe would hang the job's read, as it hung ``add``):
+            ``add`` and ``dedup`` report such an input and go on, but the job reads its
+            whole listing at once, so it refuses before it starts.
+    """
+    from ..ingest import Failure, walk_inputs
+
+    files = []
+    for entry in walk_inputs(directory, ("*",)):
+        if isinstance(entry, Failure):
+            raise InvalidParameterError(
+                "input",
+                entry.source,
+                f"a file the job can read, which it is not ({entry.reason}); move it out "
+                "of the directory, or run add or dedup, which report it and go on",
+            )
+        files.append(str(entry))
+    return files
 
 
 def _hadoop_files(spark: Any, uri: str) -> list[str]:
