@@ -584,20 +584,24 @@ def cut_short(path: str | os.PathLike[str]) -> str | None:
     every page from the end of the file on; only a damaged file is walked whole
     (:func:`_pages_past_end`). A writer of another process never overwrites the pages
     of the newest snapshot before it commits the next one, so a read that began and
-    ended on the same newest transaction is of one snapshot; one that did not is read
-    again.
+    ended on the same newest transaction, with the file as long as it was mapped, is of
+    one snapshot; one that did not is read again.
     """
     for _ in range(CUT_SHORT_ATTEMPTS):
         with _mapped(Path(path)) as data:
-            newest = _newest_meta(data)
+            newest, mapped = _newest_meta(data), len(data)
             if newest is None:
                 return None
             problem = _pages_past_end(data, newest)
         if problem is None:
             return None
+        # The map's length is the file's when it was mapped; a commit between that and
+        # the meta read wrote its pages past it (LMDB writes the pages, then the meta).
+        # So the answer stands only if neither the snapshot nor the file has changed.
         with open(path, "rb") as file:
             again = _newest_meta(file.read(2 * max(_PAGE_SIZES)))
-        if again is not None and again.txnid == newest.txnid:
+            grown = os.fstat(file.fileno()).st_size != mapped
+        if again is not None and again.txnid == newest.txnid and not grown:
             return problem
     return None  # writers keep committing: a live file, which LMDB itself is writing
 

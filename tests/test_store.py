@@ -1407,7 +1407,7 @@ def test_query_many_refuses_exact_with_signatures_as_query_does(
     """exact= needs the query texts: with signatures= it met a bare assert (an
     AssertionError, or under python -O a raw TypeError; review 42), or an empty batch
     answered []; query(signature=, exact=) was refused with InvalidParameterError."""
-    with pytest.raises(InvalidParameterError, match="exact=.*text quer"):
+    with pytest.raises(InvalidParameterError, match=r"exact=.*text quer"):
         corpus_store.query_many(signatures=signatures, exact=str)
     with corpus_store.read() as txn, pytest.raises(InvalidParameterError, match="exact="):
         txn.query_many(signatures=signatures, exact=str)
@@ -3178,6 +3178,32 @@ def test_a_data_file_cut_short_is_refused_at_every_open_unless_only_free_pages_a
     one_more = _copy_cut_to(emptied, tmp_path / "one-more", in_use * report.page_size)
     with pytest.raises(CorruptStoreError, match=f"page {in_use} of .* lies past its end"):
         Store.open(one_more, read_only=True)
+
+
+def test_a_commit_between_mapping_and_reading_the_meta_is_no_cut_short_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check maps the file, then reads its meta page through the map: a commit of
+    another process in between writes its pages past the mapped length and then the
+    meta page the map shows, which read as a file cut short (the same transaction id
+    read again), and a healthy store being written was refused. Here the map is made
+    before a commit by handing the check the file as it was then."""
+    path = tmp_path / "store"
+    with Store.open(path, create=True, num_perm=16, bands=4, rows=4) as store:
+        store.add_many((f"k{i}", f"document {i} and its words {i * 3}") for i in range(500))
+        before = (path / "data.mdb").read_bytes()
+        store.add_many((f"n{i}", f"a newer document {i} of more words {i}") for i in range(3000))
+    assert len(before) < (path / "data.mdb").stat().st_size
+    whole = (path / "data.mdb").read_bytes()
+    mapped_early = whole[: 4096 * 2] + before[4096 * 2 :]  # new meta pages, old length
+
+    @contextlib.contextmanager
+    def map_made_before_the_commit(_: Path) -> Iterator[bytes]:
+        yield mapped_early
+
+    assert lmdbfile.cut_short(path / "data.mdb") is None
+    monkeypatch.setattr(lmdbfile, "_mapped", map_made_before_the_commit)
+    assert lmdbfile.cut_short(path / "data.mdb") is None
 
 
 @pytest.mark.skipif(
