@@ -141,10 +141,17 @@ class _DamagedError(Exception):
     """A tree cannot be walked further (its problem is already recorded)."""
 
 
+META_BYTES = _META.size + 2 * _DB.size + 16
+"""A meta page's fields after its page header (the last page and transaction ids last)."""
+FIRST_META_END = PAGE_HEADER + META_BYTES
+"""The bytes a ``data.mdb`` needs before LMDB can read anything of it (its first meta
+page's): a shorter one is "not an LMDB file" to LMDB."""
+
+
 def read_meta_pages(data: bytes | memoryview | mmap.mmap) -> list[MetaPage | str]:
     """Both meta pages, each parsed or a description of why it cannot be."""
     pages: list[MetaPage | str] = []
-    size = _META.size + 2 * _DB.size + 16
+    size = META_BYTES
     for index in range(2):
         # The page size is not known before a meta page is read; LMDB finds page 1 at the
         # page size recorded in page 0. The header reads need only the first bytes.

@@ -27,6 +27,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -525,11 +526,14 @@ def _exclusive(store: Store, operation: str) -> Iterator[None]:
     file first admits one upgrader at a time.
     """
     store._check_writable()
-    store._require_env()
-    fd = store._lock_fd
-    if fd is None:  # pragma: no cover - an open store always holds its lock
-        raise RuntimeError("the store holds no lock")
+    store._require_env()  # a forked child is told so, not that it holds a transaction
     with _threads_held_off(store, operation):
+        # Asked again once the others are held off: a close() of another thread before
+        # that left a closed descriptor here, which the lock calls below then used.
+        store._require_env()
+        fd = store._lock_fd
+        if fd is None:  # pragma: no cover - an open store always holds its lock
+            raise RuntimeError("the store holds no lock")
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -561,11 +565,20 @@ def _threads_held_off(store: Store, operation: str) -> Iterator[None]:
     so holding that lock for the block makes other threads wait there; this thread's own
     transactions (a purge, the rebuild's write) go through, as the lock is reentrant,
     and never wait inside it: with no other transaction and no growth pending, a map
-    growth finds nothing to wait for.
+    growth finds nothing to wait for, and a close of another thread waits for the block.
     """
     with store._readers_done:
         store._wait_for_transactions(operation, wait_s=0)
-        yield
+        # Marked, so that this thread's own transactions never wait for a close pending
+        # in another thread (a wait releases the lock that holds the others off, and the
+        # close then ended the environment under the operation), and so that such a close
+        # waits for the block to end.
+        store._holding_off = threading.get_ident()
+        try:
+            yield
+        finally:
+            store._holding_off = None
+            store._readers_done.notify_all()
 
 
 def _reopen(store: Store, max_dbs: int, swap: Callable[[], None] | None = None) -> None:

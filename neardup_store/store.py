@@ -246,6 +246,9 @@ class Store:
         self._active_readers = 0
         self._closers_waiting = 0  # threads in _wait_for_transactions
         self._growth_waiting = 0  # threads waiting in _resize: only they need a notify
+        # The thread running a compaction or rebuild, which holds the others off
+        # (maintenance._threads_held_off): it never waits for them, nor a close for it.
+        self._holding_off: int | None = None
         self._parked_reads = 0  # transactions held by the threads waiting in _resize
         self._thread_state = threading.local()
         self.map_epoch = 0
@@ -596,13 +599,15 @@ class Store:
 
     def _creation_never_wrote(self, create: bool) -> bool:
         """Whether ``data.mdb`` is empty where ``create`` may go on: a creation killed
-        before LMDB wrote its first page leaves a 0-byte file. So does a copy or restore
-        cut to nothing, so the directory decides: a ``lock.mdb`` that records commits is
-        a store cut short, refused even with ``create``. Without ``create``, so is an
-        empty file beside no creation lock, which every creation makes first (an open
-        with ``create`` has made one itself by now, so it goes on); else the open says
-        both. Decided before LMDB opens the file, since a writable open of an empty file
-        makes an empty environment of it, and its ``lock.mdb`` forgets the commits.
+        before LMDB wrote its first page leaves a 0-byte file. (One of fewer bytes than a
+        meta page is a store cut short, refused: LMDB calls it no LMDB file.) So does a
+        copy or restore cut to nothing, so the directory decides: a ``lock.mdb`` that
+        records commits is a store cut short, refused even with ``create``. Without
+        ``create``, so is an empty file beside no creation lock, which every creation
+        makes first (an open with ``create`` has made one itself by now, so it goes on);
+        else the open says both. Decided before LMDB opens the file, since a writable open
+        of an empty file makes an empty environment of it, and its ``lock.mdb`` forgets
+        the commits.
 
         Raises:
             CorruptStoreError: a store was committed here (without ``create``: no
@@ -610,9 +615,18 @@ class Store:
                 that no creation in progress fills.
         """
         data = self.path / "data.mdb"
-        if not _empty_file(data):
+        size = _regular_size(data)
+        if size is None or size >= lmdbfile.FIRST_META_END:
             return False
-        path, cut = str(self.path), "the file was cut to nothing (an interrupted copy or restore?)"
+        path = str(self.path)
+        if size:  # no creation leaves this; LMDB's open would also reset lock.mdb's count
+            raise CorruptStoreError(
+                path,
+                f"data.mdb is {size} bytes, shorter than its first meta page "
+                f"({lmdbfile.FIRST_META_END} bytes): the file was cut short (an interrupted "
+                "copy or restore?)",
+            )
+        cut = "the file was cut to nothing (an interrupted copy or restore?)"
         committed = lmdbfile.lock_file_txnid(self.path / "lock.mdb")
         if committed:
             raise CorruptStoreError(
@@ -626,7 +640,7 @@ class Store:
                 f"data.mdb is empty, and no creation was begun here ({CREATE_LOCK_FILE}, "
                 f"which each creation makes first, is missing): {cut}",
             )
-        if _wait_for_creator(self.path) and not _empty_file(data):
+        if _wait_for_creator(self.path) and _regular_size(data) != 0:
             return False  # created meanwhile
         raise NotAStoreError(path, EMPTY_DATA_FILE)
 
@@ -953,7 +967,11 @@ class Store:
         # Before the lock: a child forked while another thread held it would wait for ever.
         self._require_env()
         state = self._thread_state
-        if (self._growth_waiting or self._closers_waiting) and not getattr(state, "readers", 0):
+        if (
+            (self._growth_waiting or self._closers_waiting)
+            and not getattr(state, "readers", 0)
+            and self._holding_off != threading.get_ident()
+        ):
             self._let_waiters_go_first()
         # Counted before it begins: a growth cannot change the map under a transaction
         # that is beginning, nor wait inside LMDB for the write lock such a transaction
@@ -1119,7 +1137,12 @@ class Store:
         self._closers_waiting += 1
         try:
             ended = self._readers_done.wait_for(
-                lambda: self._active_readers == 0 and not self._growth_waiting, timeout=wait_s
+                lambda: (
+                    self._active_readers == 0
+                    and not self._growth_waiting
+                    and self._holding_off is None  # a compaction or rebuild runs to its end
+                ),
+                timeout=wait_s,
             )
         finally:
             self._closers_waiting -= 1
@@ -1498,8 +1521,14 @@ class Store:
     @staticmethod
     def _purge_due(txn: ReadTxn) -> bool:
         """Whether the removals awaiting a purge in ``txn`` have passed
-        :data:`PURGE_FRACTION` of its documents (and :data:`MIN_TRANSACTION`)."""
-        return txn.awaiting_purge() > max(MIN_TRANSACTION, PURGE_FRACTION * len(txn))
+        :data:`PURGE_FRACTION` of its documents (and :data:`MIN_TRANSACTION`).
+
+        Read through :class:`ReadTxn`'s methods, which a write transaction does not log:
+        logged, this question of the store's own was asked again when a growth at the
+        commit replayed the block, and a commit of another process in between (a
+        different count) refused the block as a conflict (review 47)."""
+        awaiting, stored = ReadTxn.awaiting_purge(txn), ReadTxn.__len__(txn)
+        return awaiting > max(MIN_TRANSACTION, PURGE_FRACTION * stored)
 
     def add_if_unique(self, key: Key, document: object = None, **options: Any) -> UniqueResult:
         """See :meth:`WriteTxn.add_if_unique`."""
@@ -1901,13 +1930,13 @@ def _foreign_files(directory: Path) -> str:
     return shown + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
 
 
-def _empty_file(path: Path) -> bool:
-    """Whether ``path`` is a regular file of 0 bytes."""
+def _regular_size(path: Path) -> int | None:
+    """The size of ``path`` if it is a regular file, else ``None``."""
     try:
         info = path.stat()
     except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_size == 0
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def _cut_short(data: Path) -> str | None:

@@ -33,7 +33,7 @@ from harness import interrupted_at_call
 from test_band_cache import cached_and_direct
 from test_format import rewrite_sealed_meta
 
-from neardup_store import codec, lmdbfile
+from neardup_store import codec, lmdbfile, maintenance
 from neardup_store import store as store_module
 from neardup_store.errors import (
     CorruptStoreError,
@@ -3241,6 +3241,21 @@ def test_a_data_file_cut_to_nothing_is_told_from_a_creation_that_never_wrote(
         assert list(store) == ["b"]
 
 
+@pytest.mark.parametrize("size", [1, 100, lmdbfile.FIRST_META_END - 1])
+def test_a_data_file_cut_inside_its_first_meta_page_is_corrupt(store_path: Path, size: int) -> None:
+    """Cut to fewer bytes than a meta page, data.mdb was "not a neardup_store store" with
+    advice to create one, and LMDB's failed open reset the commits lock.mdb records, the
+    evidence the 0-byte check reads (review 47). Whatever the open, it is cut short."""
+    with Store.open(store_path, create=True) as store:
+        store.add("a", "a document of the store that is lost")
+    os.truncate(store_path / "data.mdb", size)
+    (store_path / "lock.mdb").unlink()  # nothing else tells that a store was here
+    for options in ({}, {"read_only": True}, {"create": True}):
+        with pytest.raises(CorruptStoreError, match=f"data.mdb is {size} bytes, shorter than"):
+            Store.open(store_path, **options)
+    assert (store_path / "data.mdb").stat().st_size == size
+
+
 # -- close() and other threads (review 43) -------------------------------------------------------
 
 
@@ -3292,6 +3307,83 @@ def test_close_holds_back_the_transactions_of_threads_that_hold_none(store_path:
     assert nested == [1, 1]
     assert repr(store).endswith("closed>")
     assert len(late) == 1 and isinstance(late[0], StoreClosedError)
+
+
+def _store_with_removals(path: Path) -> Store:
+    """A store whose compaction purges (and so writes) before it copies."""
+    store = Store.open(path, create=True, num_perm=32, bands=8, rows=4)
+    store.add_many((f"k{i}", f"document {i} with words {i * 7} and {i % 13}") for i in range(300))
+    store.remove_many([f"k{i}" for i in range(0, 300, 2)])
+    return store
+
+
+def test_a_compaction_or_rebuild_does_not_wait_for_a_close_it_holds_off(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compact() and rebuild() hold the other threads off by holding the store's lock;
+    their own first transaction waited for a close() pending in another thread, and
+    that wait released the lock: the close ended the environment and the lock file under
+    the running operation, which failed with a raw EBADF (review 47). Here a close is
+    pending, not yet woken, as the operations begin."""
+    store = _store_with_removals(store_path)
+    waited: list[int] = []
+    monkeypatch.setattr(store, "_let_waiters_go_first", lambda: waited.append(1))
+    store._closers_waiting = 1
+    try:
+        assert store.compact().bytes_after > 0
+        assert store.rebuild(bands=4, rows=8).documents == 150
+    finally:
+        store._closers_waiting = 0
+    assert waited == [] and len(store) == 150 and store.check().ok
+    store.close()
+
+
+def test_a_close_that_wins_the_lock_first_leaves_compact_a_typed_error(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compact() read the lock file's descriptor before it held the other threads off: a
+    close() of another thread in between left it locking a closed descriptor, a raw
+    OSError (EBADF; a number reused meanwhile would have been another file's; review
+    47). The store is now asked once the others are held off."""
+    store = _store_with_removals(store_path)
+    hold_off = maintenance._threads_held_off
+
+    @contextlib.contextmanager
+    def closed_first(held: Store, operation: str) -> Iterator[None]:
+        held.close()  # what another thread's close() does when it takes the lock first
+        with hold_off(held, operation):
+            yield
+
+    monkeypatch.setattr(maintenance, "_threads_held_off", closed_first)
+    with pytest.raises(StoreClosedError):
+        store.compact()
+
+
+def test_the_stores_own_purge_question_is_not_logged_for_a_replay(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the end of a write block that removed, the store asks whether a purge is due
+    (removals awaiting one against the stored count). Asked through the writer, both
+    reads went into the block's log: a growth at the commit replayed them, and another
+    process's commit in between changed the count, so a block that never read it was
+    refused as a conflict ("__len__ returned 60"; review 47)."""
+    monkeypatch.setattr(store_module, "MIN_TRANSACTION", 1)
+    store = _store_with_removals(store_path)
+    logged: list[str] = []
+    finish = WriteTxn._finish
+
+    def finish_logged(writer: WriteTxn, commit: bool) -> None:
+        logged.extend(operation.__name__ for operation, *_ in writer._log)
+        finish(writer, commit)
+
+    monkeypatch.setattr(WriteTxn, "_finish", finish_logged)
+    with store.write() as txn:
+        txn.remove_many([f"k{i}" for i in range(1, 300, 2)])
+    assert "_remove_found" in logged  # what the block did is logged
+    assert not {"__len__", "awaiting_purge"} & set(logged), logged
+    with store.read() as reader:
+        assert reader.awaiting_purge() == 0  # the purge was due, and ran
+    store.close()
 
 
 # -- paths no store can be at, and advice that works (review 43) ----------------------------------
