@@ -25,6 +25,7 @@ processes may hold it open.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -439,3 +440,18 @@ def interrupted_at_call(
     finally:
         sys.settrace(None)
     return stopped, calls
+
+
+def read_error_at_call(function: Callable[..., Any], number: int) -> Callable[..., Any]:
+    """``function`` failing at its call ``number`` (from 1) with the ``OSError`` of a
+    read that fails part-way (EIO: a failing disk, NFS, FUSE), as itself otherwise."""
+    calls = 0
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == number:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return function(*args, **kwargs)
+
+    return failing

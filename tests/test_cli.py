@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 from concurrency_scenarios import commit_counter
+from harness import read_error_at_call
 from test_maintenance import _missing_meta_entry, _put, raw_env
 
 from neardup_store import Store, __version__, codec, ingest
@@ -2403,15 +2404,7 @@ def test_dedup_input_that_fails_part_way_is_one_error_line_then_resumes(
         for i in range(6):
             words = " ".join(f"w{i}x{j}" for j in range(20))
             out.write(json.dumps({"id": f"d{i}", "text": words}) + "\n")
-    read_lines, calls = ingest._read_lines, []
-
-    def failing_on_the_second(*args: Any) -> Any:
-        calls.append(args)
-        if len(calls) == 2:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        return read_lines(*args)
-
-    monkeypatch.setattr(ingest, "_read_lines", failing_on_the_second)
+    monkeypatch.setattr(ingest, "_read_lines", read_error_at_call(ingest._read_lines, 2))
     args = [*_dedup_args(archive, tmp_path), "--batch-size", 2]
     failed = _run(runner, *args)
     assert failed.exit_code == 2 and "Traceback" not in failed.output

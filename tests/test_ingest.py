@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import read_error_at_call
 
 from neardup_store import Store
 from neardup_store import ingest as ingest_module
@@ -555,18 +556,11 @@ def test_dedup_input_that_fails_part_way_names_itself_and_resumes(
     traceback (review 45): it names the input and says what is committed, and the same
     job then resumes to the outputs of an uninterrupted run."""
     expected, reference = _reference_run(tmp_path, archive, batch_size=16)
-    read_lines, calls = ingest_module._read_lines, []
-
-    def failing_on_the_third(*args: Any) -> Any:
-        calls.append(args)
-        if len(calls) == 3:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        return read_lines(*args)
-
     out = tmp_path / "out"
     out.mkdir()
     with Store.open(tmp_path / "s2", create=True, threshold=0.7) as store:
-        monkeypatch.setattr(ingest_module, "_read_lines", failing_on_the_third)
+        failing = read_error_at_call(ingest_module._read_lines, 3)
+        monkeypatch.setattr(ingest_module, "_read_lines", failing)
         with pytest.raises(OSError, match="Input/output error") as caught:
             _dedup(store, archive, out, batch_size=16)
         assert caught.value.filename == str(archive.resolve())

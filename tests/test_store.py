@@ -2107,54 +2107,70 @@ def test_writers_and_readers_in_several_processes(tmp_path: Path, store_path: Pa
         assert commit_counter(store) == 2 * batches
 
 
+def _in_a_forked_child(run: Callable[[], object]) -> Any:
+    """Fork, and what ``run()`` returns in the child (JSON-able), sent through a pipe:
+    the child never returns into pytest, and must exit with 0."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            os.write(write_end, json.dumps(run()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return json.loads(report)
+
+
+def _outcomes_in_a_forked_child(calls: Sequence[Callable[[], object]], store: Store) -> list[str]:
+    """In a forked child, each call's outcome (the name of what it raised, or "no
+    error"), then ``store`` closed there, which must leave the parent's environment
+    alone."""
+
+    def outcomes() -> list[str]:
+        found = []
+        for call in calls:
+            try:
+                call()
+                found.append("no error")
+            except BaseException as err:
+                found.append(type(err).__name__)
+        store.close()
+        return found
+
+    return _in_a_forked_child(outcomes)  # type: ignore[no-any-return]
+
+
 def test_forked_child_cannot_use_the_parents_store(store: Store) -> None:
     store.add("a", "a document the parent stored before the fork")
-    read_end, write_end = os.pipe()
     with store.read() as snap:  # the parent reads across the fork
         begun = snap.keys()  # an iterator begun before the fork read on in the child,
         next(begun)  # through the parent's transaction (review 21)
-        pid = os.fork()
-        if pid == 0:  # the child: report through the pipe, never return into pytest
-            code = 1
-            try:
-                os.close(read_end)
-                outcomes: list[str] = []
-                calls: Sequence[Callable[[], object]] = [
-                    lambda: store.get("a"),
-                    lambda: len(store),
-                    lambda: "a" in store,
-                    lambda: list(store),
-                    lambda: store.add("b", "the child tries to add a document"),
-                    lambda: store.query("a document the parent stored before the fork"),
-                    lambda: store.read().__enter__(),
-                    lambda: store.write().__enter__(),
-                    lambda: store.sync(),
-                    # the parent's open snapshot, carried across the fork
-                    lambda: snap.get("a"),
-                    lambda: len(snap),
-                    lambda: list(snap.keys()),
-                    lambda: snap.query("a document the parent stored before the fork"),
-                    lambda: next(begun, None),
-                ]
-                for call in calls:
-                    try:
-                        call()
-                        outcomes.append("no error")
-                    except ForkedStoreError:
-                        outcomes.append("forked")
-                    except BaseException as err:
-                        outcomes.append(type(err).__name__)
-                store.close()  # must not close the parent's environment under it
-                os.write(write_end, json.dumps(outcomes).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            report = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert json.loads(report) == ["forked"] * 14
+        calls: Sequence[Callable[[], object]] = [
+            lambda: store.get("a"),
+            lambda: len(store),
+            lambda: "a" in store,
+            lambda: list(store),
+            lambda: store.add("b", "the child tries to add a document"),
+            lambda: store.query("a document the parent stored before the fork"),
+            lambda: store.read().__enter__(),
+            lambda: store.write().__enter__(),
+            lambda: store.sync(),
+            # the parent's open snapshot, carried across the fork
+            lambda: snap.get("a"),
+            lambda: len(snap),
+            lambda: list(snap.keys()),
+            lambda: snap.query("a document the parent stored before the fork"),
+            lambda: next(begun, None),
+        ]
+        outcomes = _outcomes_in_a_forked_child(calls, store)
+        assert outcomes == ["ForkedStoreError"] * 14
         assert store._env is not None and str(os.getpid()) in store._env.readers()
         assert snap.get("a").key == "a"
     store.add("b", "the parent's store still works after the fork")
@@ -3465,37 +3481,15 @@ def test_opening_a_directory_of_other_files_does_not_advise_create(tmp_path: Pat
 def test_a_child_forked_inside_a_write_block_is_told_it_is_a_child(store: Store) -> None:
     """The write flag it inherits was tested first: store.add, remove, add_if_unique and
     write() raised StoreBusyError, "inside another one of the same thread" (review 43)."""
-    read_end, write_end = os.pipe()
     with store.write() as txn:
         txn.add("parent", "the parent adds this before the fork")
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(read_end)
-                outcomes = []
-                calls: list[Callable[[], object]] = [
-                    lambda: store.add("child", "the child tries to add this"),
-                    lambda: store.remove("parent"),
-                    lambda: store.add_if_unique("child", "the child tries to add this"),
-                    lambda: store.write().__enter__(),
-                ]
-                for call in calls:
-                    try:
-                        call()
-                        outcomes.append("no error")
-                    except BaseException as err:
-                        outcomes.append(type(err).__name__)
-                os.write(write_end, json.dumps(outcomes).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            report = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert json.loads(report) == ["ForkedStoreError"] * 4
+        calls: list[Callable[[], object]] = [
+            lambda: store.add("child", "the child tries to add this"),
+            lambda: store.remove("parent"),
+            lambda: store.add_if_unique("child", "the child tries to add this"),
+            lambda: store.write().__enter__(),
+        ]
+        assert _outcomes_in_a_forked_child(calls, store) == ["ForkedStoreError"] * 4
     assert list(store) == ["parent"]
 
 
@@ -3565,33 +3559,22 @@ def test_a_writable_open_of_a_data_file_this_user_may_only_read_says_so(
     for name in ("lock.mdb", "neardup.lock"):
         (path / name).chmod(0o666)
     (path / "data.mdb").chmod(0o444)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the other user: report through the pipe, never return into pytest
-        code = 1
+
+    def as_another_user() -> dict[str, str]:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        seen = {}
         try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            seen = {}
-            try:
-                Store.open(path).close()
-                seen["read-write"] = "opened"
-            except StorePermissionError as err:
-                seen["read-write"] = str(err)
-            with Store.open(path, read_only=True) as store:
-                seen["read-only"] = str(len(store))
-            os.write(write_end, json.dumps(seen).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        report = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    seen = json.loads(report)
+            Store.open(path).close()
+            seen["read-write"] = "opened"
+        except StorePermissionError as err:
+            seen["read-write"] = str(err)
+        with Store.open(path, read_only=True) as store:
+            seen["read-only"] = str(len(store))
+        return seen
+
+    seen = _in_a_forked_child(as_another_user)
     assert seen["read-only"] == "1"
     assert f"{path}/data.mdb is not writable by this user" in seen["read-write"]
     assert "write access to data.mdb: open the store with read_only=True" in seen["read-write"]
