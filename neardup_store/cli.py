@@ -1785,6 +1785,7 @@ def spark_load(
     total = None
     with contextlib.suppress(OSError, ValueError, KeyError):
         total = int(json.loads((Path(out) / job.SUMMARY_FILE).read_text())["documents"])
+    job.load_target(path)  # refused before Spark starts, not after the load
     session = _session(master, conf)
     with _doc_progress("loading", total) as progress:
         report = job.load_output(session, out, path, batch_size=batch_size, progress=progress)

@@ -85,7 +85,9 @@ def _jsonl_corpus(path: Path) -> list[str]:
             lines.append('{"id": "broken", "text": ')
         if n == 90:
             lines.append(json.dumps({"id": "no-text"}))
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # A byte-order mark first (as some editors save): Hadoop's reader dropped it, so
+    # kept/'s first line was not dedup's (review 46).
+    path.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
     return lines
 
 
@@ -727,6 +729,116 @@ def test_a_directory_entry_the_job_cannot_read_is_refused_before_it_starts(
         list_inputs(None, [str(tmp_path)])
     (tmp_path / "pipe.jsonl").unlink()
     assert list_inputs(None, [str(tmp_path)]) == [[str(tmp_path / "a.jsonl")]]
+
+
+def test_an_input_the_job_cannot_read_by_name_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """A named pipe named on its own read as empty (0 documents, exit 0), /dev/fd/N from
+    <(...) as the JVM's own file; a broken link or a loop in a directory, and a name that
+    is not UTF-8, ended in tracebacks (review 46): each is now one typed refusal."""
+    from neardup_store.spark.pipeline import list_inputs
+
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    with pytest.raises(InvalidParameterError, match=r"named pipe.*write the stream to a file"):
+        list_inputs(None, [str(tmp_path / "pipe.jsonl")])
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(InvalidParameterError, match=r"a regular file, which it is not"):
+            list_inputs(None, [f"/dev/fd/{read_end}"])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    for name, target in (("dangling", "nowhere.jsonl"), ("loop", "l.jsonl")):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "a.jsonl").write_text('{"id": "a", "text": "a line"}\n')
+        os.symlink(directory / target, directory / "l.jsonl")
+        with pytest.raises(InvalidParameterError, match=r"l\.jsonl.*cannot read it"):
+            list_inputs(None, [str(directory)])
+    named = tmp_path / "names"
+    named.mkdir()
+    (named / "a.jsonl").write_text('{"id": "a", "text": "a line"}\n')
+    latin = os.fsdecode(os.fsencode(named) + b"/caf\xe9.jsonl")
+    Path(latin).write_text('{"id": "b", "text": "a line"}\n')
+    for given in (str(named), latin):
+        with pytest.raises(InvalidParameterError, match=r"caf.+xe9.*not UTF-8.*rename them"):
+            list_inputs(None, [given])
+
+
+def test_a_file_named_twice_numbers_each_copy_from_its_first_line() -> None:
+    """The second copy's lines were numbered on from the first's (lines 3 and 4 of a
+    2-line file in failed/; review 46)."""
+    from neardup_store.spark.pipeline import LINE_BITS, _chunk_bases
+
+    uri = "file:///corpus/bad.jsonl"
+    chunks = [
+        {"argument": 0, "file": uri, "part": 0, "first": 0, "rows": 2},
+        {"argument": 1, "file": uri, "part": 1, "first": 10, "rows": 2},
+    ]
+    bases = {(argument, part): base for argument, _, part, base in _chunk_bases(chunks)}
+    ordinals = [bases[0, 0] + 0, bases[0, 0] + 1, bases[1, 1] + 10, bases[1, 1] + 11]
+    assert [o % (1 << LINE_BITS) + 1 for o in ordinals] == [1, 2, 1, 2]
+    assert len({o >> LINE_BITS for o in ordinals}) == 2  # two inputs, two ranks
+
+
+def test_a_bom_line_and_a_file_named_twice_fail_as_in_add(spark: Any, tmp_path: Path) -> None:
+    """A first line holding only a byte-order mark is a failed line for add; Hadoop's
+    reader dropped the mark and spark-dedup skipped the line as blank (review 46)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\xef\xbb\xbf\n{broken\n")
+    good = tmp_path / "good.jsonl"
+    _write_jsonl(good, "a", "b")
+    out = tmp_path / "out"
+    report = nds.run_dedup(spark, [str(good), str(bad), str(bad)], out, _store_params())
+    local = [f for f in ingest.read_inputs([good, bad, bad], jsonl=True)
+             if isinstance(f, ingest.Failure)]  # fmt: skip
+    failed = _json_parts(out / "failed")
+    assert report.failed == len(local) == 4
+    assert sorted((row["line_number"], row["error"]) for row in failed) == sorted(
+        (f.line, f.reason) for f in local
+    )
+
+
+def test_spark_entry_points_refuse_arguments_of_the_wrong_type(tmp_path: Path) -> None:
+    """run_dedup(out=None), bulk_load(path=None), load_output(path=None) raised TypeError,
+    and run_dedup with params of another type an AttributeError after making --out
+    (review 46): each is now refused before any work."""
+    source = tmp_path / "in.jsonl"
+    _write_jsonl(source, "a")
+    params = _store_params()
+    with pytest.raises(InvalidParameterError, match="path"):
+        nds.run_dedup(None, [str(source)], None, params)
+    with pytest.raises(InvalidParameterError, match="StoreParams"):
+        nds.run_dedup(None, [str(source)], tmp_path / "out", {"threshold": 0.8})
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InvalidParameterError, match="path"):
+        nds.bulk_load(None, None, params)
+    with pytest.raises(InvalidParameterError, match="path"):
+        nds.load_output(None, tmp_path, None)
+
+
+def test_a_store_is_loaded_into_the_current_directory_and_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark-load into "." or a link to an empty directory loaded everything, then failed
+    at the last rename ("Invalid argument", "Not a directory"; review 46)."""
+    from neardup_store.spark.job import _move_into, load_target
+
+    for name in ("here", "real"):
+        (tmp_path / name).mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    monkeypatch.chdir(tmp_path / "here")
+    for given, where in ((".", tmp_path / "here"), (str(tmp_path / "link"), tmp_path / "real")):
+        target = load_target(given)
+        assert target == where.resolve()
+        building = target.parent / f".{target.name}.loading"
+        with Store.open(building, create=True) as store:
+            store.add("a", "a text to find again")
+        _move_into(building, target)
+        assert not building.exists()
+        with Store.open(given, read_only=True) as store:
+            assert "a" in store
 
 
 def test_spark_dedup_takes_every_parameter_init_takes(

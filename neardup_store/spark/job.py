@@ -24,6 +24,7 @@ files, one per partition):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,12 +32,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 
 from .. import codec
-from ..errors import InvalidParameterError, SparkJobError
+from ..errors import InvalidParameterError, SparkJobError, path_of
 from ..lsh import KEY_SCHEMES, LSHParams
 from ..minhash import MinHashConfig
 from ..params import StoreParams
@@ -63,6 +64,16 @@ def params_to_dict(params: StoreParams) -> dict[str, Any]:
         "threshold": params.threshold,
         "keys": params.banding.keys,
     }
+
+
+def _check_params(params: object) -> None:
+    """Refuse ``params`` that are not :class:`StoreParams`, before anything is made."""
+    if not isinstance(params, StoreParams):
+        raise InvalidParameterError(
+            "params",
+            type(params).__name__,
+            "StoreParams (from neardup_store.params.resolve_params)",
+        )
 
 
 def params_from_dict(data: dict[str, Any]) -> StoreParams:
@@ -145,6 +156,8 @@ def run_dedup(
             refuses, or has no connector here), or an output cannot be written.
     """
     # Checked before anything is made: Spark would fail late, with a traceback.
+    path_of(out)
+    _check_params(params)
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise InvalidParameterError("inputs", inputs, "a list of one or more files or directories")
     if partitions is not None and (
@@ -212,8 +225,12 @@ def run_dedup(
         partitions=lines.rdd.getNumPartitions(),
         seconds=seconds,
     )
+    summary = json.dumps(asdict(report), indent=2) + "\n"
     if "://" not in str(out):
-        (out_path / SUMMARY_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        (out_path / SUMMARY_FILE).write_text(summary)
+    else:  # a cluster file system: through Spark, as params.json
+        with spark_failures(f"output {uri!r} cannot be written", WRITE_ADVICE):
+            _write_text(spark, f"{uri.rstrip('/')}/{SUMMARY_FILE}", summary)
     for frame in (dropped_docs, members, pairs, signed, lines):
         frame.unpersist()
     return report
@@ -327,10 +344,13 @@ def _write_tables(
             json.dumps(written, indent=2) + "\n"
         )
     else:  # a cluster file system: write through Spark
-        spark = docs.sparkSession
-        spark.createDataFrame([(json.dumps(written),)], "value string").coalesce(1).write.text(
-            f"{base}/{PARAMS_FILE}"
-        )
+        _write_text(docs.sparkSession, f"{base}/{PARAMS_FILE}", json.dumps(written))
+
+
+def _write_text(spark: SparkSession, uri: str, text: str) -> None:
+    """``text`` as one line in one part file of a directory ``uri`` (its file system's
+    own way to write a small file: Spark writes a directory there)."""
+    spark.createDataFrame([(text,)], "value string").coalesce(1).write.text(uri)
 
 
 def _dropped_lines(
@@ -381,18 +401,66 @@ def read_params(out: str | os.PathLike[str]) -> StoreParams:
     """The parameters a :func:`run_dedup` output was computed with."""
     path = Path(_local_path(out), PARAMS_FILE)
     try:
-        return params_from_dict(json.loads(path.read_text()))
+        text = path.read_text()
     except FileNotFoundError:
         raise InvalidParameterError(
             "out", str(out), f"the output directory of spark-dedup (no {PARAMS_FILE} in it)"
         ) from None
-    except (OSError, ValueError, KeyError, TypeError) as err:  # cut short, or another file
-        raise InvalidParameterError(
-            "out",
-            str(out),
-            f"the output directory of spark-dedup (its {PARAMS_FILE} does not "
-            f"read as one: {type(err).__name__}: {err})",
-        ) from None
+    except OSError as err:
+        _bad_params(out, err)
+    return _parsed_params(out, text)[0]
+
+
+def _parsed_params(out: str | os.PathLike[str], text: str) -> tuple[StoreParams, dict[str, Any]]:
+    """The parameters in a ``params.json``'s text, and the whole object it holds."""
+    try:
+        written = json.loads(text)
+        return params_from_dict(written), written
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # cut short, or another
+        _bad_params(out, err)
+
+
+def _bad_params(out: str | os.PathLike[str], err: Exception) -> NoReturn:
+    raise InvalidParameterError(
+        "out",
+        str(out),
+        f"the output directory of spark-dedup (its {PARAMS_FILE} does not "
+        f"read as one: {type(err).__name__}: {err})",
+    ) from None
+
+
+def load_target(path: str | os.PathLike[str]) -> Path:
+    """Where a bulk load puts its store: ``path`` as an absolute path, checked to be a
+    new or empty directory before any work; an existing one (``.``, or a symbolic link
+    to one) resolved, so that the store is built on its file system, beside it.
+
+    Raises:
+        InvalidParameterError: ``path`` is not a path, or not a new or empty directory.
+    """
+    target = path_of(path)
+    _check_empty("path", target)
+    return target.resolve() if target.exists() else Path(os.path.abspath(target))
+
+
+def _move_into(building: Path, target: Path) -> None:
+    """Put the finished store at ``target``: renamed there if nothing is there; else its
+    files are moved into the empty directory, which stays (it can be the current one,
+    where a rename over it would fail), ``data.mdb`` last, so it is a store only once
+    whole, and a failure takes the moved files back out."""
+    if not target.exists():
+        building.rename(target)
+        return
+    moved: list[str] = []
+    try:
+        for name in sorted(os.listdir(building), key=lambda name: name == "data.mdb"):
+            os.replace(building / name, target / name)
+            moved.append(name)
+    except BaseException:
+        for name in moved:
+            with contextlib.suppress(OSError):
+                os.unlink(target / name)
+        raise
+    building.rmdir()
 
 
 # -- bulk load ----------------------------------------------------------------------------------
@@ -440,8 +508,8 @@ def bulk_load(
         DuplicateKeyError: two documents share an id.
         RuntimeError: the finished store fails :meth:`Store.check` (a bug).
     """
-    target = Path(path)
-    _check_empty("path", target)
+    target = load_target(path)
+    _check_params(params)
     check_batch_size(batch_size)
     _check_columns(docs)
     _make_directory("path", target.parent)
@@ -467,9 +535,7 @@ def bulk_load(
             report = store.check()
         if not report.ok:
             raise RuntimeError(f"the loaded store fails its check: {report}")
-        if target.exists():
-            target.rmdir()  # empty (checked above); rename needs it gone
-        building.rename(target)
+        _move_into(building, target)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
@@ -537,6 +603,8 @@ def load_output(
             than the run wrote (part files lost in a copy), by the counts in
             ``params.json`` and ``summary.json``.
     """
+    path_of(out)
+    load_target(path)  # before any work
     out = _local_path(out)
     unreadable = f"spark-dedup output {str(out)!r} cannot be read"
     if "://" in str(out):  # a cluster file system: params.json was written through Spark
@@ -544,8 +612,8 @@ def load_output(
             text = "".join(
                 row["value"] for row in spark.read.text(f"{out}/{PARAMS_FILE}").collect()
             )
-        written, uri = json.loads(text), str(out).rstrip("/")
-        params, counts = params_from_dict(written), [written.get(DOCUMENTS_KEY)]
+        params, written = _parsed_params(out, text)
+        uri, counts = str(out).rstrip("/"), [written.get(DOCUMENTS_KEY)]
     else:
         params, uri = read_params(out), pipeline.literal(_file_uri(Path(out)))
         if not (Path(out) / "signatures" / "_SUCCESS").exists():

@@ -35,9 +35,11 @@ Stages:
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -265,10 +267,13 @@ def read_listed(spark: Any, listed: list[list[str]]) -> DataFrame:
     """
     from pyspark.sql import functions as sf
 
-    frames = [
-        _read_lines(spark, files).withColumn("argument", sf.lit(index))
-        for index, files in enumerate(listed)
-    ]
+    # Spark checks the paths as it builds the frames: a file gone since the listing is
+    # a refusal of the file system, not a traceback.
+    with spark_failures("the inputs cannot be read", INPUT_ADVICE):
+        frames = [
+            _read_lines(spark, files).withColumn("argument", sf.lit(index))
+            for index, files in enumerate(listed)
+        ]
     lines = functools.reduce(lambda a, b: a.unionByName(b), frames)
     lines = lines.withColumn("part", sf.spark_partition_id()).withColumn(
         "position", sf.monotonically_increasing_id()
@@ -279,14 +284,51 @@ def read_listed(spark: Any, listed: list[list[str]]) -> DataFrame:
             .agg(sf.min("position").alias("first"), sf.count("*").alias("rows"))
             .collect()
         )
-    bases = spark.createDataFrame(_chunk_bases(chunks), "file string, part int, base long")
-    ordinal = sf.col("base") + sf.col("position")
-    return lines.join(sf.broadcast(bases), ["file", "part"]).select(
-        ordinal.alias("ordinal"),
-        "line",
-        "file",
-        (ordinal % (1 << LINE_BITS) + 1).alias("line_number"),
+        marked = _bom_files(spark, {row["file"] for row in chunks})
+    bases = spark.createDataFrame(
+        [(*base, base[1] in marked) for base in _chunk_bases(chunks)],
+        "argument int, file string, part int, base long, bom boolean",
     )
+    ordinal = sf.col("base") + sf.col("position")
+    index = ordinal % (1 << LINE_BITS)
+    # Hadoop's line reader drops a byte-order mark at the start of a file, which add
+    # and dedup read as part of the first line: it goes back there.
+    line = sf.when(sf.col("bom") & (index == 0), sf.concat(sf.lit(_BOM), "line"))
+    return lines.join(sf.broadcast(bases), ["argument", "file", "part"]).select(
+        ordinal.alias("ordinal"),
+        line.otherwise(sf.col("line")).alias("line"),
+        "file",
+        (index + 1).alias("line_number"),
+    )
+
+
+_BOM = "\ufeff"
+_BOM_BYTES = _BOM.encode("utf-8")
+
+
+def _bom_files(spark: Any, files: set[str]) -> set[str]:
+    """The files (URIs, as Spark names them) that start with a UTF-8 byte-order mark:
+    their first 3 bytes, read here (a local file) or through its Hadoop file system."""
+    marked = set()
+    for uri in files:
+        if uri.startswith("file:"):
+            try:
+                with open(unquote(urlparse(uri).path), "rb") as stream:
+                    start = stream.read(len(_BOM_BYTES))
+            except OSError:  # gone since the read: as if it held no mark
+                continue
+        else:
+            jvm = spark.sparkContext._jvm
+            path = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(uri))
+            system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            stream = system.open(path)
+            try:
+                start = bytes(stream.read() & 0xFF for _ in _BOM_BYTES)  # -1 at the end
+            finally:
+                stream.close()
+        if start == _BOM_BYTES:
+            marked.add(uri)
+    return marked
 
 
 def local_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
@@ -315,17 +357,52 @@ def list_inputs(spark: Any, paths: list[str]) -> list[list[str]]:
     listed = []
     for path in map(str, paths):
         path = str(local_path(path))
-        if "://" in path:
-            files = _hadoop_files(spark, path)
-        elif Path(path).is_dir():  # absolute: a relative "a:b" would read as a URI
-            files = [f for f in _walked(Path(path).absolute()) if not _hadoop_bookkeeping(_name(f))]
-        elif Path(path).exists():
-            files = [str(Path(path).absolute())]
-        else:
-            raise InvalidParameterError("input", path, "an existing file or directory")
-        listed.append(files)
+        _refuse_kind([path], "name")  # before py4j, which cannot send such a name
+        # Local paths are made absolute: a relative "a:b" would read as a URI.
+        listed.append(_hadoop_files(spark, path) if "://" in path else _local_files(path))
     _refuse_unreadable([f for files in listed for f in files])
     return listed
+
+
+_JOB_ADVICE = "move it out of the directory, or run add or dedup, which report it and go on"
+
+
+def _local_files(path: str) -> list[str]:
+    """The files a local input argument names: itself, or a directory's walk.
+
+    Raises:
+        InvalidParameterError: nothing is there; it cannot be looked at or read; or it
+            is no regular file (a named pipe, or ``/dev/fd/63`` from ``<(...)``). Spark
+            opens its inputs by path in its own processes, where a pipe reads as empty
+            and ``/dev/fd/N`` is another file, so a stream cannot be read this way.
+    """
+    from ..ingest import _special_kind, path_text
+
+    named = Path(path).absolute()
+    try:
+        mode = os.stat(named).st_mode
+    except FileNotFoundError:
+        raise InvalidParameterError("input", path, "an existing file or directory") from None
+    except OSError as err:
+        raise InvalidParameterError(
+            "input", path_text(path), f"a file or directory that can be read (cannot read it: "
+            f"{err.strerror or err})"
+        ) from None  # fmt: skip
+    if stat.S_ISDIR(mode):
+        return [f for f in _walked(named) if not _hadoop_bookkeeping(_name(f))]
+    if not stat.S_ISREG(mode):
+        raise InvalidParameterError(
+            "input",
+            path_text(path),
+            f"a regular file, which it is not ({_special_kind(named)}): Spark reads each "
+            "input by its path in processes of its own, where a stream is empty or another "
+            "file; write the stream to a file first and name that, or read it with add or dedup",
+        )
+    if not os.access(named, os.R_OK):
+        raise InvalidParameterError(
+            "input", path_text(path), "a file that can be read (cannot read it: permission denied)"
+        )
+    return [str(named)]
 
 
 def _walked(directory: Path) -> list[str]:
@@ -333,20 +410,27 @@ def _walked(directory: Path) -> list[str]:
 
     Raises:
         InvalidParameterError: a directory in it cannot be listed, or an entry is no
-            regular file (a named pipe would hang the job's read, as it hung ``add``):
-            ``add`` and ``dedup`` report such an input and go on, but the job reads its
-            whole listing at once, so it refuses before it starts.
+            regular file (a named pipe would hang the job's read, as it hung ``add``),
+            or cannot be read (a broken symbolic link, a loop of them, no permission):
+            ``add`` and ``dedup`` report such an input and go on, but the job reads
+            its whole listing at once, so it refuses before it starts.
     """
-    from ..ingest import Failure, walk_inputs
+    from ..ingest import Failure, unreadable, walk_inputs
 
     files = []
     for entry in walk_inputs(directory, ("*",)):
+        if isinstance(entry, Path):
+            try:
+                os.stat(entry)  # walk_inputs keeps a broken link, whose open reports it
+                if not os.access(entry, os.R_OK):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+            except OSError as err:
+                entry = unreadable(str(entry), err)
         if isinstance(entry, Failure):
             raise InvalidParameterError(
                 "input",
                 entry.source,
-                f"a file the job can read, which it is not ({entry.reason}); move it out "
-                "of the directory, or run add or dedup, which report it and go on",
+                f"a file the job can read, which it is not ({entry.reason}); {_JOB_ADVICE}",
             )
         files.append(str(entry))
     return files
@@ -412,17 +496,24 @@ _HADOOP_CODEC_SUFFIXES = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 a file: read so, the input would not be the bytes the local tools read."""
 
 
-_UNREADABLE: tuple[tuple[str, str], ...] = (
-    ("skipped", "whose names start with '_' or '.' or end in '._COPYING_' (Spark skips them"),
+_UNREADABLE: tuple[tuple[str, str, str], ...] = (
+    ("name", "whose names are not UTF-8 (Hadoop cannot name them", "rename them"),
+    ("skipped", "whose names start with '_' or '.' or end in '._COPYING_' (Spark skips them",
+     "rename them"),
     ("compressed", "named as compressed (Spark decompresses a file by its name, where add and "
-     "dedup read its bytes"),
-    ("colon", "with a ':' in their path (Hadoop cannot read them"),
+     "dedup read its bytes", "decompress or rename them"),
+    ("colon", "with a ':' in their path (Hadoop cannot read them", "rename them"),
 )  # fmt: skip
-"""What :func:`_unreadable` names, and why such files cannot be read as the local tools do."""
+"""What :func:`_unreadable` names, why such files cannot be read as the local tools do,
+and what to do about them."""
 
 
 def _unreadable(path: str) -> str | None:
     """Why Spark would not read the file at ``path`` as the local tools do, if it would not."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a name that is not UTF-8 (surrogate escapes)
+        return "name"
     name = _name(path)
     if _spark_skips(name):
         return "skipped"
@@ -432,15 +523,22 @@ def _unreadable(path: str) -> str | None:
 
 
 def _refuse_unreadable(files: list[str]) -> None:
-    for kind, why in _UNREADABLE:
-        found = [f for f in files if _unreadable(f) == kind]
-        if found:
-            raise InvalidParameterError(
-                "inputs",
-                found[:3],
-                f"no files {why}; {len(found)} found): rename or decompress them, or run add "
-                "or dedup on them",
-            )
+    for kind, _, _ in _UNREADABLE:
+        _refuse_kind(files, kind)
+
+
+def _refuse_kind(files: list[str], kind: str) -> None:
+    """Refuse ``files`` if any is of this :data:`_UNREADABLE` kind."""
+    from ..ingest import path_text
+
+    found = [path_text(f) for f in files if _unreadable(f) == kind]
+    if found:
+        why, fix = next((why, fix) for name, why, fix in _UNREADABLE if name == kind)
+        raise InvalidParameterError(
+            "inputs",
+            found[:3],
+            f"no files {why}; {len(found)} found): {fix}, or run add or dedup on them",
+        )
 
 
 def _hadoop_bookkeeping(name: str) -> bool:
@@ -481,20 +579,22 @@ def _file_order(entry: tuple[int, str]) -> tuple[int, tuple[str, ...]]:
     return argument, PurePosixPath(unquote(urlparse(uri).path)).parts
 
 
-def _chunk_bases(chunks: list[Any]) -> list[tuple[str, int, int]]:
-    """For each (file, partition) chunk: what to add to a row's position to get its
-    ordinal (file rank * 2**40 + the row's index in its file)."""
+def _chunk_bases(chunks: list[Any]) -> list[tuple[int, str, int, int]]:
+    """For each (argument, file, partition) chunk: what to add to a row's position to
+    get its ordinal (file rank * 2**40 + the row's index in its file). A file named by
+    two arguments is two inputs, each numbered from its first line, as ``add`` reads it."""
     files = sorted({(row["argument"], row["file"]) for row in chunks}, key=_file_order)
-    rank = {file: i for i, (_, file) in enumerate(files)}
+    rank = {entry: i for i, entry in enumerate(files)}
     if len(files) >= 1 << (63 - LINE_BITS):
         raise InvalidParameterError(
             "inputs", f"{len(files)} files", f"fewer than 2**{63 - LINE_BITS}"
         )
     bases, seen = [], dict.fromkeys(rank, 0)
-    for row in sorted(chunks, key=lambda r: (rank[r["file"]], r["part"])):
-        start = (rank[row["file"]] << LINE_BITS) + seen[row["file"]]
-        bases.append((row["file"], row["part"], start - row["first"]))
-        seen[row["file"]] += row["rows"]
+    for row in sorted(chunks, key=lambda r: (rank[r["argument"], r["file"]], r["part"])):
+        entry = (row["argument"], row["file"])
+        start = (rank[entry] << LINE_BITS) + seen[entry]
+        bases.append((row["argument"], row["file"], row["part"], start - row["first"]))
+        seen[entry] += row["rows"]
     return bases
 
 
