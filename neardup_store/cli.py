@@ -16,6 +16,7 @@ import errno
 import importlib.util
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -1654,6 +1655,12 @@ def _session(master: str, conf: tuple[str, ...]) -> Any:
 
     settings = {"spark.ui.showConsoleProgress": str(_show_progress()).lower()}
     settings.update(_conf_pairs(conf))
+    # py4j reports a connection that Ctrl-C broke through logging.exception on the root
+    # logger, which, having no handler, made one that printed tracebacks around the one
+    # `interrupted` line: the command words its failures itself.
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
     _note(f"starting Spark on {master}")
     return runtime.spark_session(master, "neardup-admin", settings)
 
@@ -1720,20 +1727,28 @@ def spark_dedup(
         neardup-admin spark-dedup hdfs:///corpus/*.jsonl --out hdfs:///dedup-out \\
             --master yarn --partitions 4000 --conf spark.executor.memory=8g
     """
-    from .spark import job
+    from .spark import job, pipeline
 
     store_params = _params_from(params_options)
     session = _session(master, conf)
-    report = job.run_dedup(
-        session,
-        list(inputs),
-        out,
-        store_params,
-        id_field=id_field,
-        text_field=text_field,
-        max_bucket=max_bucket,
-        partitions=partitions,
-    )
+    try:
+        report = job.run_dedup(
+            session,
+            list(inputs),
+            out,
+            store_params,
+            id_field=id_field,
+            text_field=text_field,
+            max_bucket=max_bucket,
+            partitions=partitions,
+        )
+    except KeyboardInterrupt as err:
+        if "://" in out or Path(str(pipeline.local_path(out))).exists():
+            err.add_note(
+                f"{out} may hold part of the output: delete it before running again (a run "
+                "needs a new or empty directory)"
+            )
+        raise
     summary = {
         "documents": report.documents,
         "failed": report.failed,

@@ -11,10 +11,12 @@ import json
 import os
 import random
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -1143,6 +1145,37 @@ def test_a_bad_master_is_refused_before_a_jvm_starts(tmp_path: Path) -> None:
         "local[N,F], spark://HOST:PORT, yarn or k8s://HOST:PORT"
     ]
     assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_during_spark_dedup_is_one_interrupted_line_and_says_what_to_delete(
+    corpus: dict[str, Any], tmp_path: Path
+) -> None:
+    """A Ctrl-C to the command's process group (as a terminal sends it) exited 130, but
+    py4j logged the connection it broke through the root logger: tracebacks around the
+    `interrupted` line, and no word that the partial output must go before a rerun
+    (review 46)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(corpus["lines"] * 20) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "neardup_store", "spark-dedup", str(source), "--out", str(out),
+        "--master", "local[2]", "--num-perm", "64", "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.sql.shuffle.partitions=4", "--conf", f"spark.local.dir={tmp_path}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    job = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    while not out.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the job makes its output directory once Spark has started
+    os.killpg(job.pid, signal.SIGINT)
+    _, stderr = job.communicate(timeout=300)
+    lines = stderr.decode(errors="replace").splitlines()
+    assert job.returncode == 130, lines[-20:]
+    assert "interrupted" in lines
+    assert not [line for line in lines if line.startswith(("Traceback", "ERROR:root"))]
+    assert f"{out} may hold part of the output: delete it before running again" in "\n".join(lines)
 
 
 def test_a_setting_spark_refuses_is_one_error_line(tmp_path: Path) -> None:
