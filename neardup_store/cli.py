@@ -1649,20 +1649,36 @@ def _conf_pairs(conf: tuple[str, ...]) -> dict[str, str]:
     return settings
 
 
-def _session(master: str, conf: tuple[str, ...]) -> Any:
-    """A Spark session for the command; Spark's own progress bar only on a terminal."""
+@contextlib.contextmanager
+def _spark(master: str, conf: tuple[str, ...]) -> Iterator[Any]:
+    """A Spark session for the command's block; Spark's own progress bar only on a
+    terminal.
+
+    py4j reports a connection that a Ctrl-C broke through ``logging.exception`` on the
+    root logger, which, having no handler, made one that printed tracebacks around the
+    one ``interrupted`` line: for the block, the root logger gets a handler that drops
+    them (the command words its failures itself), and loses it after, so that a program
+    running the command in its own process keeps its logging as it was."""
     from .spark import runtime
 
     settings = {"spark.ui.showConsoleProgress": str(_show_progress()).lower()}
     settings.update(_conf_pairs(conf))
-    # py4j reports a connection that Ctrl-C broke through logging.exception on the root
-    # logger, which, having no handler, made one that printed tracebacks around the one
-    # `interrupted` line: the command words its failures itself.
-    root = logging.getLogger()
+    root, quiet = logging.getLogger(), logging.NullHandler()
     if not root.handlers:
-        root.addHandler(logging.NullHandler())
-    _note(f"starting Spark on {master}")
-    return runtime.spark_session(master, "neardup-admin", settings)
+        root.addHandler(quiet)
+    try:
+        _note(f"starting Spark on {master}")
+        yield runtime.spark_session(master, "neardup-admin", settings)
+    finally:
+        root.removeHandler(quiet)
+
+
+def _holds_files(path: Path) -> bool:
+    """Whether ``path`` is a directory with anything in it."""
+    try:
+        return path.is_dir() and any(path.iterdir())
+    except OSError:
+        return False
 
 
 _master_option = click.option(
@@ -1730,25 +1746,30 @@ def spark_dedup(
     from .spark import job, pipeline
 
     store_params = _params_from(params_options)
-    session = _session(master, conf)
-    try:
-        report = job.run_dedup(
-            session,
-            list(inputs),
-            out,
-            store_params,
-            id_field=id_field,
-            text_field=text_field,
-            max_bucket=max_bucket,
-            partitions=partitions,
-        )
-    except KeyboardInterrupt as err:
-        if "://" in out or Path(str(pipeline.local_path(out))).exists():
-            err.add_note(
-                f"{out} may hold part of the output: delete it before running again (a run "
-                "needs a new or empty directory)"
+    # Told to delete --out after a Ctrl-C only if this run is what put files there: a
+    # Ctrl-C before the job checks --out (while listing the inputs) must not send anyone
+    # to delete an earlier run's output. (A URI is not looked at.)
+    local_out = None if "://" in out else Path(str(pipeline.local_path(out)))
+    fresh = local_out is not None and not _holds_files(local_out)
+    with _spark(master, conf) as session:
+        try:
+            report = job.run_dedup(
+                session,
+                list(inputs),
+                out,
+                store_params,
+                id_field=id_field,
+                text_field=text_field,
+                max_bucket=max_bucket,
+                partitions=partitions,
             )
-        raise
+        except KeyboardInterrupt as err:
+            if fresh and local_out is not None and _holds_files(local_out):
+                err.add_note(
+                    f"{out} holds part of the output: delete it before running again (a "
+                    "run needs a new or empty directory)"
+                )
+            raise
     summary = {
         "documents": report.documents,
         "failed": report.failed,
@@ -1801,8 +1822,7 @@ def spark_load(
     with contextlib.suppress(OSError, ValueError, KeyError):
         total = int(json.loads((Path(out) / job.SUMMARY_FILE).read_text())["documents"])
     job.load_target(path)  # refused before Spark starts, not after the load
-    session = _session(master, conf)
-    with _doc_progress("loading", total) as progress:
+    with _spark(master, conf) as session, _doc_progress("loading", total) as progress:
         report = job.load_output(session, out, path, batch_size=batch_size, progress=progress)
     summary = {
         "path": report.path,

@@ -15,6 +15,7 @@ results differ (another process committed in between), the transaction fails wit
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -49,7 +50,7 @@ from .errors import (
     check_flags,
     integer,
 )
-from .lsh import band_keys
+from .lsh import LSHParams, band_keys
 from .similarity import hashed_jaccard
 from .text import ShingleBatch, Shingler, check_batch, single_document
 
@@ -143,6 +144,7 @@ class _PreparedBatch:
     metadata: list[bytes | None]
     signatures: npt.NDArray[np.uint32]  # (n, num_perm)
     band_keys: npt.NDArray[np.uint64]  # (n, bands)
+    banding: LSHParams  # what the band keys were made for
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -157,6 +159,7 @@ class _PreparedBatch:
             metadata=[self.metadata[i] for i in rows],
             signatures=self.signatures[list(rows)],
             band_keys=self.band_keys[list(rows)],
+            banding=self.banding,
         )
 
     def docs(self) -> list[_Prepared]:
@@ -1043,7 +1046,7 @@ class WriteTxn(ReadTxn):
         """Insert a batch of new keys prepared by :func:`prepare_batch` (perhaps before
         this transaction began); DuplicateKeyError before any write if a key is taken."""
         self._store._check_writable()
-        return int(self._run(self._insert_checked, batch))
+        return int(self._run(self._insert_checked, self._banded_now(batch)))
 
     def _insert_checked(self, batch: _PreparedBatch) -> int:
         """:meth:`_insert_new` after :meth:`_check_new_keys`, as one logged operation: a
@@ -1269,9 +1272,21 @@ class WriteTxn(ReadTxn):
             prepare_batch(self._store, batch, self._stack_signatures(batch)), replace
         )
 
+    def _banded_now(self, batch: _PreparedBatch) -> _PreparedBatch:
+        """``batch`` with the band keys of the store's banding as this transaction sees
+        it: a batch banded before its transaction began (``Store.add_many`` prepares
+        outside it) may meet a ``rebuild()`` of another thread in between, whose new
+        banding took the old keys (a raw ``IndexError``, or entries no query finds)."""
+        banding = self._store.banding
+        if batch.banding == banding:
+            return batch
+        keys = band_keys(batch.signatures, banding, self._store.config.seed)
+        return dataclasses.replace(batch, band_keys=keys, banding=banding)
+
     def _add_batch(self, prepared: _PreparedBatch, replace: bool) -> int:
         """Write a prepared batch: new keys in one multi-put, or each document in turn
         when ``replace`` may meet a stored key."""
+        prepared = self._banded_now(prepared)
         if not replace:
             return self._add_prepared(prepared)
         for doc in prepared.docs():
@@ -1432,6 +1447,7 @@ class WriteTxn(ReadTxn):
     def _add_unique_prepared(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
         if not batch:  # (the call asked that the block is open: _require_open)
             return []
+        batch = self._banded_now(batch)
         return self._run(self._add_unique_checked, batch, threshold)  # type: ignore[no-any-return]
 
     def _add_unique_checked(self, batch: _PreparedBatch, threshold: float) -> list[UniqueResult]:
@@ -1579,6 +1595,7 @@ def prepare_batch(
         metadata=metadata,
         signatures=signatures,
         band_keys=band_keys(signatures, store.banding, store.config.seed),
+        banding=store.banding,
     )
 
 

@@ -1184,6 +1184,28 @@ def test_a_transaction_another_thread_begins_during_compaction_waits_for_the_new
 # -- rebuild --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("before", "after"), [((4, 4), (8, 4)), ((8, 4), (4, 8))])
+def test_a_batch_banded_before_a_rebuild_is_written_with_the_new_banding(
+    tmp_path: Path, before: tuple[int, int], after: tuple[int, int]
+) -> None:
+    """Store.add_many signs and bands each batch before its transaction begins; a
+    rebuild() of another thread in between changed the banding, and the batch was
+    written with the old keys: a raw IndexError (more bands), or entries no query
+    through the tables finds (review 48). Here the batch is prepared as add_many
+    prepares it, then the store is rebuilt, then the batch is written."""
+    texts = [(f"k{i}", f"document {i} with words {i * 7} and {i % 13} " * 3) for i in range(40)]
+    bands, rows = before
+    with Store.open(tmp_path / "s", create=True, num_perm=32, bands=bands, rows=rows) as store:
+        store.add_many(texts[:20])
+        prepared = store._prepared(texts[20:], None)
+        store.rebuild(bands=after[0], rows=after[1])
+        with store.write() as txn:
+            assert txn._add_prepared(prepared) == 20
+        assert store.check().ok
+        for key, text in texts:
+            assert key in [match.key for match in store.query(text)]  # through the tables
+
+
 def test_rebuild_with_a_new_threshold(store: Store, corpus: DemoCorpus) -> None:
     before = store.clusters()
 

@@ -25,6 +25,7 @@ files, one per partition):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -446,21 +447,41 @@ def _move_into(building: Path, target: Path) -> None:
     """Put the finished store at ``target``: renamed there if nothing is there; else its
     files are moved into the empty directory, which stays (it can be the current one,
     where a rename over it would fail), ``data.mdb`` last, so it is a store only once
-    whole, and a failure takes the moved files back out."""
+    whole. A move never replaces a file: what was put at ``target`` while the load ran
+    (another store, made and written meanwhile) is refused, not overwritten, and a
+    failure takes the moved files back out.
+
+    Raises:
+        InvalidParameterError: ``target`` is no longer a new or empty directory.
+    """
+    taken = InvalidParameterError(
+        "path",
+        str(target),
+        "a new or empty directory until the load ends (something was put there while it "
+        "ran, which is left as it is; load again into another path)",
+    )
     if not target.exists():
-        building.rename(target)
+        try:
+            building.rename(target)  # over a directory made meanwhile only if it is empty
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise taken from None
+            raise
         return
     moved: list[str] = []
     try:
         for name in sorted(os.listdir(building), key=lambda name: name == "data.mdb"):
-            os.replace(building / name, target / name)
+            try:
+                os.link(building / name, target / name)  # never replaces: EEXIST
+            except FileExistsError:
+                raise taken from None
             moved.append(name)
     except BaseException:
         for name in moved:
             with contextlib.suppress(OSError):
                 os.unlink(target / name)
         raise
-    building.rmdir()
+    shutil.rmtree(building)
 
 
 # -- bulk load ----------------------------------------------------------------------------------
