@@ -405,13 +405,14 @@ class Store:
                 fcntl.flock(fd, fcntl.LOCK_SH)
             if not self.read_only:
                 _remove_compaction_leftovers(self.path)
+            # Once an open, under the shared lock just taken, which no compaction swaps
+            # the file under: the probe's environment and the store's read the same file.
+            problem = _cut_short(self.path / "data.mdb")
+            if problem is not None:
+                raise CorruptStoreError(
+                    str(self.path), f"{problem} (an interrupted copy or restore, or a full disk?)"
+                )
         _make_as_data(self.path / "lock.mdb")  # else LMDB makes it with self.mode
-        # Under the shared lock, so no compaction swaps the file meanwhile.
-        problem = _cut_short(self.path / "data.mdb")
-        if problem is not None:
-            raise CorruptStoreError(
-                str(self.path), f"{problem} (an interrupted copy or restore, or a full disk?)"
-            )
         try:
             env = lmdb.open(
                 str(self.path),
@@ -1942,9 +1943,9 @@ def _regular_size(path: Path) -> int | None:
 def _cut_short(data: Path) -> str | None:
     """:func:`lmdbfile.cut_short` of the regular file ``data`` (``None`` for anything
     else, or a file that cannot be read: LMDB's open reports those)."""
+    if _regular_size(data) is None:
+        return None
     try:
-        if not stat.S_ISREG(data.stat().st_mode):
-            return None
         return lmdbfile.cut_short(data)
     except (OSError, ValueError):  # ValueError: mmap of a file that shrank to nothing
         return None

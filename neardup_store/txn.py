@@ -1286,10 +1286,9 @@ class WriteTxn(ReadTxn):
     def _add_batch(self, prepared: _PreparedBatch, replace: bool) -> int:
         """Write a prepared batch: new keys in one multi-put, or each document in turn
         when ``replace`` may meet a stored key."""
-        prepared = self._banded_now(prepared)
         if not replace:
             return self._add_prepared(prepared)
-        for doc in prepared.docs():
+        for doc in self._banded_now(prepared).docs():
             self._run(self._store_prepared, doc, replace)
         return len(prepared)
 
