@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, NamedTuple, NoReturn
 
 import click
+from click.core import ParameterSource
 
 from . import cli_render as render
 from . import ingest
@@ -451,13 +452,59 @@ def _read_text(path: str, encoding: str) -> str:
     try:
         return decode_text(data, encoding)
     except UnicodeError as err:
+        raise InputError(
+            f"{path}: not valid {encoding} ({_where(data, err)}); "
+            "pass --encoding with the file's encoding"
+        ) from None
+
+
+def _where(data: bytes, err: UnicodeError) -> str:
+    """Where ``data`` stopped decoding, for an error message."""
+    if isinstance(err, UnicodeDecodeError):
+        return f"byte 0x{data[err.start]:02x} at offset {err.start}"
+    return str(err)  # idna and punycode say no more
+
+
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+"""A byte of a command-line argument that the locale's encoding could not decode: Python
+keeps it as a lone surrogate, U+DC00 plus the byte (surrogateescape, PEP 383)."""
+
+
+def _argv_text(text: str, encoding: str | None, option: str) -> str:
+    """A document given on the command line (``option``), as text.
+
+    Signing the lone surrogates Python keeps for bytes the locale cannot decode would
+    quietly look for a text nobody wrote, and find nothing. So with ``encoding`` (an
+    explicit ``--encoding``) the argument's own bytes are decoded with it, as a file's
+    are; without, such bytes are an input error that says how to pass the text."""
+    escaped = _ESCAPED_BYTE.search(text)
+    if encoding is None and escaped is None:
+        return text
+    locale_encoding = sys.getfilesystemencoding()  # what Python decoded the argument with
+    try:
+        data = os.fsencode(text)  # the argument's bytes, as the command line gave them
+    except UnicodeEncodeError:  # only from code calling the CLI with such a str
+        raise InputError(
+            f"{option}: holds characters that are not {locale_encoding} text from the "
+            "command line, so it has no bytes to decode; pass the text in a file with --file"
+        ) from None
+    if encoding is None:
+        assert escaped is not None
         where = (
-            f"byte 0x{data[err.start]:02x} at offset {err.start}"
-            if isinstance(err, UnicodeDecodeError)
-            else str(err)  # idna and punycode say no more
+            f"byte 0x{ord(escaped.group()) - 0xDC00:02x} "
+            f"at offset {len(os.fsencode(text[: escaped.start()]))}"
         )
         raise InputError(
-            f"{path}: not valid {encoding} ({where}); pass --encoding with the file's encoding"
+            f"{option}: not valid {locale_encoding}, the locale's encoding ({where}); pass "
+            "--encoding with the text's encoding, or put it in a file and use --file"
+        )
+    check_encoding(encoding)
+    try:
+        return decode_text(data, encoding)
+    except UnicodeError as err:
+        raise InputError(
+            f"{option}: not valid {encoding} ({_where(data, err)}); "
+            "pass --encoding with the text's encoding"
         ) from None
 
 
@@ -1026,7 +1073,11 @@ def dedup(
 
 @cli.command()
 @click.argument("path", type=STORE)
-@click.option("--text", default=None, help="The query document itself.")
+@click.option(
+    "--text",
+    default=None,
+    help="The query document itself (in the locale's encoding unless --encoding is given).",
+)
 @click.option(
     "--file",
     "file_",
@@ -1042,7 +1093,12 @@ def dedup(
 )
 @click.option("--id-field", default="id", show_default=True, help="JSON-lines id field.")
 @click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
-@click.option("--encoding", default="utf-8", show_default=True, help="Encoding of --file.")
+@click.option(
+    "--encoding",
+    default="utf-8",
+    show_default=True,
+    help="Encoding of --file; when given, also of the bytes of --text.",
+)
 @click.option("--threshold", type=float, default=None, help="Minimum score (store default).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Matches per query.")
 @click.option(
@@ -1087,7 +1143,9 @@ def query(
         raise click.UsageError("give exactly one of --text, --file or --jsonl")
     failed: list[ingest.Failure] = []
     if text is not None:
-        queries = [_Query("text", text, "--text")]
+        given = click.get_current_context().get_parameter_source("encoding")
+        explicit = None if given is ParameterSource.DEFAULT else encoding
+        queries = [_Query("text", _argv_text(text, explicit, "--text"), "--text")]
     elif file_ is not None:
         # Its id is the key add gives the file (bytes for a name that is not UTF-8).
         queries = [

@@ -393,6 +393,94 @@ def test_query_input_errors_exit_2(runner: CliRunner, store_path: Path, tmp_path
     assert high.exit_code == 2 and high.output.startswith("Error: threshold=1.5 is not valid")
 
 
+_LATIN1_TEXT = "café crème brûlée, then a long walk along the river before dinner"
+"""A document whose Latin-1 bytes are not valid UTF-8 (0xe9 at offset 3)."""
+
+
+@pytest.fixture
+def latin1_store(tmp_path: Path) -> Path:
+    """A store holding one document, ``_LATIN1_TEXT``, under the key ``latin``."""
+    path = tmp_path / "latin.ndx"
+    with Store.open(path, create=True, threshold=0.7) as store:
+        store.add("latin", _LATIN1_TEXT)
+    return path
+
+
+def test_query_text_with_undecodable_argument_bytes_is_an_input_error(
+    runner: CliRunner, latin1_store: Path
+) -> None:
+    """Python keeps argument bytes the locale cannot decode as lone surrogates; --text
+    used to sign those, find nothing and exit 0 (review 52, finding 5). Without
+    --encoding it is now the same kind of error as --file gives for the same bytes."""
+    escaped = os.fsdecode(_LATIN1_TEXT.encode("latin-1"))  # what sys.argv holds
+    assert "\udce9" in escaped
+    result = _run(runner, "query", latin1_store, "--text", escaped, "--json")
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: --text: not valid {sys.getfilesystemencoding()}, the locale's encoding "
+        "(byte 0xe9 at offset 3); pass --encoding with the text's encoding, or put it in a "
+        "file and use --file\n"
+    )
+
+
+def test_query_text_bytes_are_decoded_with_an_explicit_encoding(
+    runner: CliRunner, latin1_store: Path
+) -> None:
+    """With --encoding, --text's own bytes are decoded with it, as a file's are; a
+    codec that does not fit them is an error saying where they stopped decoding."""
+    escaped = os.fsdecode(_LATIN1_TEXT.encode("latin-1"))
+    found = _run(
+        runner, "query", latin1_store, "--text", escaped, "--encoding", "latin-1", "--json"
+    )
+    assert found.exit_code == 0, found.output
+    assert _jsonl(found.output) == [{"query": "text", "key": "latin", "score": 1.0}]
+    wrong = _run(runner, "query", latin1_store, "--text", escaped, "--encoding", "utf-8")
+    assert wrong.exit_code == 2
+    assert wrong.output == (
+        "Error: --text: not valid utf-8 (byte 0xe9 at offset 3); "
+        "pass --encoding with the text's encoding\n"
+    )
+    unknown = _run(runner, "query", latin1_store, "--text", escaped, "--encoding", "bogus-codec")
+    assert unknown.exit_code == 2
+    assert unknown.output == (
+        "Error: encoding='bogus-codec' is not valid: expected a codec name such as 'utf-8'\n"
+    )
+
+
+def test_query_text_that_no_command_line_gives_is_refused_with_encoding(
+    runner: CliRunner, latin1_store: Path
+) -> None:
+    """A str with a lone surrogate no argv decoding makes (code calling the CLI) has no
+    bytes for --encoding to decode: one error line, no traceback."""
+    result = _run(runner, "query", latin1_store, "--text", "caf\ud800", "--encoding", "latin-1")
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: --text: holds characters that are not {sys.getfilesystemencoding()} text "
+        "from the command line, so it has no bytes to decode; pass the text in a file with "
+        "--file\n"
+    )
+
+
+def test_query_text_with_undecodable_bytes_in_a_real_process(latin1_store: Path) -> None:
+    """The bytes on a real command line under a UTF-8 locale: the error above without
+    --encoding, the stored document with --encoding latin-1."""
+    raw = _LATIN1_TEXT.encode("latin-1")
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}
+    command = [os.fsencode(sys.executable), b"-m", b"neardup_store", b"query"]
+    command += [os.fsencode(latin1_store), b"--text", raw, b"--json"]
+    refused = subprocess.run(command, capture_output=True, env=env, check=False)
+    assert refused.returncode == 2 and refused.stdout == b""
+    assert refused.stderr == (
+        b"Error: --text: not valid utf-8, the locale's encoding (byte 0xe9 at offset 3); "
+        b"pass --encoding with the text's encoding, or put it in a file and use --file\n"
+    )
+    decoded = subprocess.run(
+        [*command, b"--encoding", b"latin-1"], capture_output=True, env=env, check=False
+    )
+    assert decoded.returncode == 0, decoded.stderr
+    assert _jsonl(decoded.stdout.decode()) == [{"query": "text", "key": "latin", "score": 1.0}]
+
+
 @pytest.mark.parametrize(
     "command",
     [["query", "--text", "x"], ["info"], ["stats"], ["pairs"], ["clusters"], ["check"],
