@@ -216,8 +216,14 @@ def _holding_interrupts(dispatcher: Any) -> Any:
     its argument types, and that method compiles or loads one. Wrapping it there holds a
     Ctrl-C back exactly while a loop is compiled or loaded, at no cost to later calls
     (a wrapper around every call would add microseconds to each band-cache probe).
+
+    Under ``NUMBA_DISABLE_JIT=1`` (numba's debugging switch) ``numba.njit`` returns the
+    plain Python function, which never compiles: it is passed through
+    (:func:`_wrapping_quietly`).
     """
-    compile_for_args = dispatcher._compile_for_args
+    compile_for_args = getattr(dispatcher, "_compile_for_args", None)
+    if compile_for_args is None:
+        return _wrapping_quietly(dispatcher)
 
     def compile_holding_interrupts(*args: Any, **kws: Any) -> Any:
         with _interrupts_held():
@@ -225,6 +231,20 @@ def _holding_interrupts(dispatcher: Any) -> Any:
 
     dispatcher._compile_for_args = compile_holding_interrupts
     return dispatcher
+
+
+def _wrapping_quietly(loop: Any) -> Any:
+    """``loop`` run as plain Python without numpy's overflow warnings. The loops rely on
+    ``uint64`` arithmetic wrapping modulo 2**64, which compiled code does silently but
+    numpy's scalars report as an overflow each time (an error under the tests' warning
+    filter); the values are the compiled ones either way."""
+
+    @functools.wraps(loop)
+    def run(*args: Any, **kws: Any) -> Any:
+        with np.errstate(over="ignore"):
+            return loop(*args, **kws)
+
+    return run
 
 
 class _HeldInterrupt:

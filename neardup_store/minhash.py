@@ -146,7 +146,8 @@ def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:
     """``[lo, hi)`` ranges of documents holding about ``_CHUNK_CHARACTERS`` characters."""
     lo, size = 0, 0
     for i, doc in enumerate(documents):
-        length = len(doc) if isinstance(doc, (str, bytes, bytearray)) else 1
+        measured = len(doc) if isinstance(doc, str) else streamed.length(doc)
+        length = 1 if measured is None else measured  # the rest are refused, by as_text
         long = length > streamed.STREAM_MIN_CHARACTERS  # signed alone, in pieces
         if long and lo < i:
             yield lo, i
@@ -157,6 +158,61 @@ def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:
             lo, size = i + 1, 0
     if lo < len(documents):
         yield lo, len(documents)
+
+
+def _checked_batch(batch: object) -> ShingleBatch:
+    """``batch`` with ``uint64`` hashes and ``int64`` offsets in native byte order and
+    contiguous (the types the compiled loops were built for), once it is known to be a
+    :class:`ShingleBatch` whose offsets cut its hashes into documents.
+
+    Raises:
+        InvalidParameterError: it is not one.
+    """
+    owns = "document i owns hashes[offsets[i]:offsets[i + 1]]"
+    if not isinstance(batch, ShingleBatch):
+        raise InvalidParameterError(
+            "batch", batch, "a ShingleBatch of numpy arrays (Shingler.hash_batch makes one)"
+        )
+    hashes, offsets = batch.hashes, batch.offsets
+    if not (isinstance(hashes, np.ndarray) and hashes.ndim == 1 and hashes.dtype.kind in "iu"):
+        raise InvalidParameterError(
+            "batch.hashes",
+            hashes,
+            "a 1-D numpy array of integers: the 64-bit shingle hashes, uint64 (or int64, "
+            "read modulo 2**64)",
+        )
+    if not (
+        isinstance(offsets, np.ndarray)
+        and offsets.ndim == 1
+        and offsets.dtype.kind in "iu"
+        and len(offsets) > 0
+    ):
+        raise InvalidParameterError(
+            "batch.offsets",
+            offsets,
+            f"a 1-D numpy array of integers with one value or more: {owns}",
+        )
+    if offsets[0] != 0 or offsets[-1] != len(hashes):
+        raise InvalidParameterError(
+            "batch.offsets",
+            offsets,
+            f"offsets from 0 to len(hashes) = {len(hashes)} ({owns}); these run from "
+            f"{offsets[0]} to {offsets[-1]}",
+        )
+    decrease = np.flatnonzero(offsets[1:] < offsets[:-1])  # no np.diff: uint64 would wrap
+    if len(decrease):
+        i = int(decrease[0])
+        raise InvalidParameterError(
+            "batch.offsets",
+            offsets,
+            f"offsets that never decrease ({owns}); offsets[{i + 1}] = {offsets[i + 1]} "
+            f"is below offsets[{i}] = {offsets[i]}",
+        )
+    # Every offset now lies in [0, len(hashes)], so int64 holds it.
+    return ShingleBatch(
+        hashes.astype(np.uint64, order="C", copy=False),
+        offsets.astype(np.int64, order="C", copy=False),
+    )
 
 
 class MinHasher:
@@ -209,7 +265,7 @@ class MinHasher:
         parts = [
             streamed.signature(self, docs[lo], encoding, lo)[None, :]
             if hi - lo == 1 and streamed.streams(self.config.shingles, docs[lo])
-            else self.signatures_from_hashes(self.shingler._hash_batch(docs[lo:hi], encoding, lo))
+            else self._signatures_from_hashes(self.shingler._hash_batch(docs[lo:hi], encoding, lo))
             for lo, hi in _chunks(docs)
         ]
         if not parts:
@@ -217,7 +273,25 @@ class MinHasher:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def signatures_from_hashes(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
-        """Signatures from precomputed 64-bit shingle hashes (one row per document)."""
+        """Signatures from precomputed 64-bit shingle hashes (one row per document).
+
+        ``batch.hashes`` is a 1-D numpy array of any integer type. Its values are read
+        modulo 2**64, so an ``int64`` hash counts as the ``uint64`` with the same bits
+        (what ``.view(np.uint64)`` gives), under both schemes. ``batch.offsets`` is a 1-D
+        numpy integer array that starts at 0, never decreases and ends at
+        ``len(batch.hashes)``. The batch is checked first: the compiled loops index the
+        hashes by the offsets without bounds checks, and an offset past the end read
+        memory outside the array.
+
+        Raises:
+            InvalidParameterError: ``batch`` is no :class:`ShingleBatch`, or its arrays
+                are not as described; the message says which rule was broken.
+        """
+        return self._signatures_from_hashes(_checked_batch(batch))
+
+    def _signatures_from_hashes(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
+        """:meth:`signatures_from_hashes` without the checks, for the batches that
+        :class:`Shingler` builds (valid by construction)."""
         if self.config.scheme == "kperm":
             return self._kperm(batch)
         return self._oph(batch)

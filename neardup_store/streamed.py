@@ -16,10 +16,23 @@ every shingle that crosses a cut is hashed too, and the partial minima are folde
 
 Normalisation in pieces gives the same text because:
 
-* NFKC of ``a + b`` is NFKC(a) + NFKC(b) when ``b`` starts with an ASCII character: ASCII
-  characters are starters that never combine with what precedes them, so no
-  reordering or composition crosses the cut. Pieces are cut before an ASCII character
-  (a piece grows until one comes; text without any ASCII is one piece).
+* NFKC of ``a + b`` is NFKC(a) + NFKC(b) when ``b`` starts with a character ``c`` that
+  never interacts with what precedes it: ``c`` has canonical combining class 0, NFKC
+  leaves it as it is, and neither ``c`` nor the first code point of its decomposition
+  is the second code point of any two-code-point canonical decomposition or a Hangul
+  medial vowel or final consonant jamo (U+1161–U+1175, U+11A8–U+11C2, which compose by
+  rule and have no decomposition entry). Its decomposition then starts with a starter
+  (composition never changes a leading non-starter, so NFKC would not give ``c`` back),
+  which no canonical reordering moves anything across and which canonical composition
+  never joins to the starter before it; everything after it is blocked from that
+  starter. (Reordering, composition and the Hangul rules are those of the Unicode
+  Standard, sections 3.11 and 3.12; ``tests/test_text.py`` checks the rule by brute
+  force.) ASCII characters are such characters, and the cheap case: a piece is cut
+  before the first ASCII character within ``size`` characters of where it should end.
+  Failing that (Chinese or Japanese prose may have none), before the first character of
+  the whole set, which a scan of every code point finds once per process
+  (:func:`_cut_before`, about a second). A text with no such character after the wanted
+  cut (only full-width Latin letters, say, or only combining marks) stays one piece.
 * ``str.casefold`` maps each code point on its own (unlike ``lower``, it has no final-sigma
   context).
 * The white-space steps are redone across cuts by a small state machine that matches
@@ -34,7 +47,9 @@ for character bags (a 100 MB bag document needs about 8 GB).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import sys
 import unicodedata
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -54,28 +69,80 @@ PIECE_CHARACTERS = 1 << 18
 
 _ASCII = re.compile(r"[\x00-\x7f]")
 _SPACE = re.compile(r"\s")
+_HANGUL_JOINING_JAMO = (range(0x1161, 0x1176), range(0x11A8, 0x11C3))
+"""Medial vowels and final consonants: they compose with a preceding Hangul leading
+consonant or LV syllable by rule (the Unicode Standard, section 3.12), with no entry in
+the decomposition data."""
+
+
+def length(document: object) -> int | None:
+    """How long a document counts as when it is routed and batched: the characters of a
+    ``str``, the bytes of a binary one (of a ``memoryview`` its ``nbytes``: :func:`as_text`
+    decodes ``bytes(document)``, which holds that many), ``None`` for any other object
+    (refused by :func:`as_text`, as is a released memoryview)."""
+    if isinstance(document, (str, bytes, bytearray)):
+        return len(document)
+    if isinstance(document, memoryview):
+        try:
+            return document.nbytes
+        except ValueError:  # released: as_text reports it
+            return None
+    return None
 
 
 def streams(config: ShingleConfig, document: object) -> bool:
     """Whether :func:`signature` is used for this document under this configuration."""
-    return (
-        not config.bag
-        and config.kind in ("char", "word")
-        and isinstance(document, (str, bytes, bytearray))
-        and len(document) > STREAM_MIN_CHARACTERS
-    )
+    if config.bag or config.kind not in ("char", "word"):
+        return False
+    size = length(document)
+    return size is not None and size > STREAM_MIN_CHARACTERS
 
 
 def _raw_pieces(text: str, size: int, nfkc: bool) -> Iterator[str]:
-    """Consecutive slices of about ``size`` characters, cut before ASCII when NFKC is on."""
+    """Consecutive slices of about ``size`` characters; with NFKC on, each is cut where
+    NFKC may cut the text (see the module docstring)."""
     start, end = 0, len(text)
     while start < end:
         cut = min(start + size, end)
         if nfkc and cut < end:
-            found = _ASCII.search(text, cut)
+            found = _ASCII.search(text, cut, cut + size) or _cut_before().search(text, cut)
             cut = found.start() if found else end
         yield text[start:cut]
         start = cut
+
+
+@functools.cache
+def _cut_before() -> re.Pattern[str]:
+    """A pattern for one character before which NFKC may cut any text: canonical
+    combining class 0, its own NFKC, and neither it nor the first code point of its
+    decomposition the second code point of a two-code-point canonical decomposition
+    (composition exclusions included: a larger set of second code points only leaves
+    fewer cuts) or a Hangul medial vowel or final jamo.
+
+    Built on first use from the interpreter's Unicode database (that of NFKC itself), by
+    a scan of every code point (about a second), so only a long document without ASCII
+    near a wanted cut pays for it, once per process.
+    """
+    joins_back = {code for block in _HANGUL_JOINING_JAMO for code in block}
+    for code in range(sys.maxunicode + 1):
+        decomposition = unicodedata.decomposition(chr(code)).split()
+        if len(decomposition) == 2 and not decomposition[0].startswith("<"):
+            joins_back.add(int(decomposition[1], 16))
+    ranges: list[list[int]] = []
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        if (
+            code in joins_back
+            or unicodedata.combining(char)
+            or not unicodedata.is_normalized("NFKC", char)
+            or ord(unicodedata.normalize("NFKD", char)[0]) in joins_back
+        ):
+            continue
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1][1] = code
+        else:
+            ranges.append([code, code])
+    return re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges) + "]")
 
 
 def normalized_pieces(text: str, config: ShingleConfig, size: int) -> Iterator[str]:
@@ -203,5 +270,5 @@ def signature(
         rest = " ".join(tail_words)
     if fold.value is None:  # fewer than k units in all: the batch path's rules decide
         short = Shingler(dataclasses.replace(plain, allow_empty=config.allow_empty), shingler.seed)
-        return hasher.signatures_from_hashes(short.hash_batch([rest], None, index))[0]
+        return hasher._signatures_from_hashes(short.hash_batch([rest], None, index))[0]
     return fold.result()

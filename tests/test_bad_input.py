@@ -403,6 +403,64 @@ def test_signatures_routes_long_documents_through_the_streamed_path(
     assert empty.value.index == 1
 
 
+CJK_TRICKY = [*"\u4e00\u4e8c\u6587\u5b57\u8a9e\u3042\u304b\u30ab\u3002\u3001\uff0c",
+              "\u3000", "\u304b\u3099", "\u3099", "\uff76\uff9e", "\uff9e", "\u1100\u1161",
+              "\u11a8", "\uac00\u11a8", "\u4e00\u0301", "\u0301\u0327", "\uff21\uff42",
+              "\u00e9", "\u0cc6\u0cd5", "\u2460", "\u00a0", "\U00020000",
+              "\u3000\u3000"]  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", ["oph", "kperm"])
+@pytest.mark.parametrize(("kind", "size"), [("char", 5), ("char", 1), ("word", 2)])
+def test_a_long_text_without_ascii_is_cut_into_pieces_and_signed_identically(
+    scheme: str, kind: str, size: int
+) -> None:
+    """Chinese or Japanese prose has no ASCII, and pieces were cut only before ASCII under
+    NFKC: a long such document was one piece, signed in the batch path's memory (review
+    52). It is now cut before characters NFKC never joins to what precedes them, and each
+    signature still equals the batch path's, kana voiced marks, Hangul jamo and combining
+    marks placed at every cut included."""
+    shingles = ShingleConfig(kind=kind, size=size)  # type: ignore[arg-type]
+    config = MinHashConfig(num_perm=32, scheme=scheme, shingles=shingles)  # type: ignore[arg-type]
+    hasher = MinHasher(config)
+    rng = random.Random(hash_free_seed(scheme, kind, size, "cjk"))
+    for length in (30, 400, 3000):
+        document = "".join(rng.choices(CJK_TRICKY, k=length))
+        assert not re.search(r"[\x00-\x7f]", document)
+        expected = hasher.signatures_from_hashes(hasher.shingler.hash_batch([document]))[0]
+        for piece in (1, 7, 100):
+            pieces = list(streamed._raw_pieces(document, piece, nfkc=True))
+            assert "".join(pieces) == document
+            assert len(pieces) > len(document) // (4 * piece), (length, piece)
+            got = streamed.signature(hasher, document, piece_characters=piece)
+            assert np.array_equal(got, expected), (document, piece)
+
+
+def test_memoryview_documents_are_streamed_like_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """streams() took only str and bytes: a long memoryview document was signed whole, in
+    the batch path's memory (review 52). It counts by the bytes as_text decodes."""
+    text = texts(1, seed=44, length=3000)[0]
+    view = memoryview(text.encode("utf-16-le")).cast("H")  # 3,000 items, 6,000 bytes
+    hasher = MinHasher(MinHashConfig(num_perm=64))
+    expected = hasher.signatures([text, "a short one", text])
+    calls: list[int] = []
+    original = streamed.signature
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return original(*args, **{**kwargs, "piece_characters": 100})
+
+    monkeypatch.setattr(streamed, "STREAM_MIN_CHARACTERS", 4000)
+    monkeypatch.setattr(streamed, "signature", counting)
+    assert streamed.streams(hasher.config.shingles, view)
+    assert streamed.streams(hasher.config.shingles, memoryview(text.encode("utf-16-le")))
+    assert not streamed.streams(hasher.config.shingles, memoryview(text.encode("ascii")))
+    short = memoryview("a short one".encode("utf-16-le"))
+    documents = [view, short, memoryview(bytearray(text.encode("utf-16-le")))]
+    assert np.array_equal(hasher.signatures(documents, encoding="utf-16-le"), expected)
+    assert calls == [0, 2]
+
+
 # -- security: no code execution, bounded decoding ---------------------------------------------
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
@@ -35,6 +36,7 @@ _configs = st.builds(
     nfkc=st.booleans(),
     allow_empty=st.just(True),
 )
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _window_hashes_by_definition(text: str, shingler: Shingler) -> np.ndarray:
@@ -286,3 +288,40 @@ def test_a_ctrl_c_while_the_loops_load_is_raised_once_they_are_loaded() -> None:
         "Timeout time_out",
         "returned 4 SIG_IGN",
     ]
+
+
+_UNCOMPILED = """
+import json
+import numpy as np
+from neardup_store import MinHashConfig, MinHasher, ShingleConfig, kernels
+
+texts = json.loads(input())
+loops = kernels.compiled()
+out = {"compiled": any(hasattr(f, "_compile_for_args") for f in vars(loops).values())}
+for scheme in ("oph", "kperm"):
+    for kind in ("char", "word"):
+        config = MinHashConfig(num_perm=64, scheme=scheme, shingles=ShingleConfig(kind=kind))
+        out[scheme + " " + kind] = MinHasher(config).signatures(texts).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_signing_with_numba_s_jit_disabled_gives_the_compiled_signatures() -> None:
+    """Under NUMBA_DISABLE_JIT=1 numba.njit returns the plain function, which has no
+    _compile_for_args: every signing raised a raw AttributeError (review 52). The plain
+    loops now run, without overflow warnings (errors here), and sign as compiled code."""
+    import json
+
+    texts = ["A few words to sign,  twice\tover.", "Straße ﬁne Ｔｅｘｔ e\u0301 한국어 文字", "ab"]
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1", "PYTHONPATH": str(_PROJECT_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", _UNCOMPILED],
+        input=json.dumps(texts), env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got.pop("compiled") is False  # the switch took effect: plain Python ran
+    for name, signatures in got.items():
+        scheme, kind = name.split()
+        config = MinHashConfig(num_perm=64, scheme=scheme, shingles=ShingleConfig(kind=kind))  # type: ignore[arg-type]
+        assert signatures == MinHasher(config).signatures(texts).tolist(), name

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import exact_of, set_pair_batch
 
 import neardup_store as nd
+from neardup_store import minhash
 from neardup_store.demo import _edit
 from neardup_store.errors import EmptyDocumentError, InvalidParameterError
 from neardup_store.minhash import EMPTY_VALUE, MinHashConfig, MinHasher
@@ -251,3 +256,110 @@ def test_signatures_refuse_a_bad_encoding_even_for_str_documents() -> None:
         with pytest.raises(InvalidParameterError, match="encoding='nope'"):
             call()
     assert hasher.signatures([b"some text"], encoding="utf-8").shape == (1, 16)
+
+
+_U3 = np.array([1, 2, 3], dtype=np.uint64)
+_BAD_BATCHES = [
+    # offsets past the end were read out of bounds by the compiled OPH loop (review 52)
+    (_U3, np.array([0, 4]), r"offsets from 0 to len\(hashes\) = 3 .* run from 0 to 4"),
+    (_U3, np.array([1, 3]), r"run from 1 to 3"),
+    (_U3, np.array([0, 3, 1, 3]), r"offsets\[2\] = 1 is below offsets\[1\] = 3"),
+    (_U3, np.array([], dtype=np.int64), r"one value or more"),
+    (_U3, np.array([0.0, 3.0]), r"^batch\.offsets=.*1-D numpy array of integers"),
+    (_U3, [0, 3], r"^batch\.offsets=\[0, 3\]"),
+    (_U3, np.array([[0, 3]]), r"^batch\.offsets="),
+    (np.array([1.0, 2.0]), np.array([0, 2]), r"^batch\.hashes=.*1-D numpy array of integers"),
+    (np.array([True, False]), np.array([0, 2]), r"^batch\.hashes="),
+    (_U3.reshape(3, 1), np.array([0, 3]), r"^batch\.hashes="),
+    ([1, 2, 3], np.array([0, 3]), r"^batch\.hashes="),
+]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize(("hashes", "offsets", "message"), _BAD_BATCHES)
+def test_signatures_from_hashes_refuses_a_malformed_batch(
+    scheme: str, hashes: object, offsets: object, message: str
+) -> None:
+    """The public entry point checks its batch: offsets past the end made the OPH loop read
+    outside the hashes (garbage, or a segfault for large ones), the rest raised raw numpy
+    or numba errors (review 52)."""
+    hasher = MinHasher(MinHashConfig(num_perm=8, scheme=scheme))  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match=message):
+        hasher.signatures_from_hashes(nd.ShingleBatch(hashes, offsets))  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match=r"^batch=.*a ShingleBatch"):
+        hasher.signatures_from_hashes([_U3])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ("np.array([0, 1 << 40])", "these run from 0 to 1099511627776"),
+        ("np.array([0, 2**64 - 1, 3], dtype=np.uint64)", "offsets[2] = 3 is below offsets[1]"),
+    ],
+)
+def test_offsets_far_past_the_hashes_are_refused_not_read(offsets: str, message: str) -> None:
+    """An offset far past the end made the OPH loop read unmapped memory: the process died
+    of SIGSEGV, or read on for minutes (review 52). In a child process, so that a
+    regression fails this test rather than ending or stalling the test run."""
+    script = (
+        "import numpy as np, neardup_store as nd\n"
+        f"batch = nd.ShingleBatch(np.array([1, 2, 3], dtype=np.uint64), {offsets})\n"
+        "try:\n"
+        "    nd.MinHasher(nd.MinHashConfig(num_perm=8)).signatures_from_hashes(batch)\n"
+        "except nd.InvalidParameterError as error:\n"
+        "    print(error)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert message in done.stdout
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_signatures_from_hashes_reads_any_integer_hashes_modulo_2_64(scheme: str) -> None:
+    """int64 hashes are the uint64 of the same bits under both schemes (kperm raised a raw
+    UFuncTypeError); offsets of any integer type, strided or big-endian arrays give the
+    same signatures as the native uint64/int64 batch."""
+    hasher = MinHasher(MinHashConfig(num_perm=32, scheme=scheme))  # type: ignore[arg-type]
+    rng = np.random.default_rng(52)
+    hashes = rng.integers(0, 2**64, 40, dtype=np.uint64, endpoint=False)
+    hashes[:20] |= np.uint64(1 << 63)  # negative as int64
+    offsets = np.array([0, 15, 15, 40], dtype=np.int64)
+    expected = hasher.signatures_from_hashes(nd.ShingleBatch(hashes, offsets))
+    strided = np.empty(80, dtype=np.uint64)
+    strided[::2] = hashes
+    for other in (
+        nd.ShingleBatch(hashes.view(np.int64), offsets),
+        nd.ShingleBatch(hashes, offsets.astype(np.uint32)),
+        nd.ShingleBatch(hashes, offsets.astype(np.uint64)),
+        nd.ShingleBatch(strided[::2], offsets),
+        nd.ShingleBatch(hashes.astype(">u8"), offsets.astype(">i8")),
+    ):
+        assert np.array_equal(hasher.signatures_from_hashes(other), expected)
+    small = np.array([-1, 5], dtype=np.int32)  # a narrower type: -1 is 2**64 - 1
+    assert np.array_equal(
+        hasher.signatures_from_hashes(nd.ShingleBatch(small, np.array([0, 2]))),
+        hasher.signatures_from_hashes(
+            nd.ShingleBatch(np.array([2**64 - 1, 5], dtype=np.uint64), np.array([0, 2]))
+        ),
+    )
+    empty = nd.ShingleBatch(np.empty(0, dtype=np.uint64), np.array([0]))
+    assert hasher.signatures_from_hashes(empty).shape == (0, 32)
+
+
+def test_memoryview_documents_are_batched_by_their_bytes() -> None:
+    """A memoryview counted as one character: any number of them shared one internal
+    batch (review 52). They count as many as the bytes as_text decodes (nbytes, also for
+    a view of wider items), as bytes documents do."""
+    data = b"x" * 100_000
+    as_bytes = list(minhash._chunks([data] * 50))
+    assert len(as_bytes) > 10
+    assert list(minhash._chunks([memoryview(data)] * 50)) == as_bytes
+    wide = memoryview(data).cast("H")  # 50,000 items, 100,000 bytes
+    assert list(minhash._chunks([wide] * 50)) == as_bytes
+    hasher = MinHasher(MinHashConfig(num_perm=16))
+    texts = [f"document number {i} with a few words" for i in range(5)]
+    views = [memoryview(text.encode("utf-16-le")).cast("H") for text in texts]
+    assert np.array_equal(hasher.signatures(views, encoding="utf-16-le"), hasher.signatures(texts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import unicodedata
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neardup_store as nd
-from neardup_store import hashing, ingest
+from neardup_store import hashing, ingest, streamed
 from neardup_store.errors import (
     EmptyDocumentError,
     InputTypeError,
@@ -450,3 +451,80 @@ def test_hash_batch_refuses_one_numpy_value_as_a_batch(documents: object) -> Non
     raised numpy's raw TypeError (review 44)."""
     with pytest.raises(nd.BatchTypeError, match=r"got a 0-d \w+ \(one value\)"):
         Shingler().hash_batch(documents)  # type: ignore[arg-type]
+
+
+def _cut_rule_cases() -> tuple[list[str], list[str]]:
+    """The tricky left sides ``x`` and a deterministic sample of the characters ``c`` the
+    streamed path may cut before (see the test below)."""
+    pairs = []
+    for code in range(sys.maxunicode + 1):
+        parts = unicodedata.decomposition(chr(code)).split()
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            pairs.append((int(parts[0], 16), int(parts[1], 16)))
+    firsts = {first for first, _ in pairs}
+    tricky = (
+        {code for code in range(sys.maxunicode + 1) if unicodedata.combining(chr(code))}
+        | firsts
+        | set(range(0x1100, 0x1113))  # Hangul leading consonants
+        | set(range(0xAC00, 0xD7A4, 28))  # Hangul LV syllables (no final consonant)
+        | set(range(0xFF61, 0xFFA0))  # half-width katakana and its sound marks
+    )
+    cuttable = streamed._cut_before()
+    accepted = [code for code in range(sys.maxunicode + 1) if cuttable.match(chr(code))]
+    sample = (
+        {code for code in accepted if unicodedata.decomposition(chr(code)) or code in firsts}
+        | set(accepted[::997])
+        | set(range(0xAC00, 0xD7A4, 997))  # a dozen Hangul syllables, LV and LVT
+        | {0x41, 0x4E00, 0x3002, 0x3042, 0x30AB, 0xAC00, 0xAC01}
+    )
+    assert sample <= set(accepted)
+    return [chr(code) for code in sorted(tricky)], [chr(code) for code in sorted(sample)]
+
+
+def test_the_streamed_cut_rule_holds_for_every_tricky_left_side() -> None:
+    """streamed.py cuts a long text for NFKC before characters ``c`` that never interact
+    with what precedes them; that is only right if NFKC(x + c) == NFKC(x) + NFKC(c) for
+    every ``x``. Brute force over the left sides where it could fail (every character
+    with a nonzero combining class, every first code point of a canonical composition,
+    Hangul leading jamo and LV syllables, half-width katakana) against a deterministic
+    sample of the accepted ``c``: all 1.1 million would take minutes, so the sample is
+    every accepted character that has a decomposition or starts a composition (the ones
+    the rule's reasoning is about), every 997th accepted code point, a dozen Hangul
+    syllables and the CJK characters long texts are cut before."""
+    left_sides, cuts = _cut_rule_cases()
+    assert len(left_sides) > 1500 and len(cuts) > 2000
+    nfkc = functools.partial(unicodedata.normalize, "NFKC")
+    wrong = [
+        (x, c)
+        for x in left_sides
+        for head in [nfkc(x)]
+        for c in cuts
+        if nfkc(x + c) != head + nfkc(c)
+    ]
+    assert not wrong, [f"U+{ord(x):04X} U+{ord(c):04X}" for x, c in wrong[:20]]
+
+
+def test_the_streamed_cut_rule_takes_ideographs_and_refuses_what_joins_back() -> None:
+    """The set is not empty or everything: CJK text has cuts, and each kind of character
+    that can change with what precedes it is refused (the witness shows it does). Two
+    are refused only because NFKC changes them on their own, which the rule excludes
+    without looking further."""
+    cuttable = streamed._cut_before()
+    for char in "A~\u4e00\u3002\u3042\u30ab\uac00\U00020000\ue000":
+        assert cuttable.match(char), f"U+{ord(char):04X}"
+    refused = {
+        "\u0301": ("combining class 230", "e"),
+        "\u3099": ("combining kana voiced mark, class 8", "\u304b"),
+        "\u0cd5": ("class 0, second of U+0CC7's decomposition", "\u0cc6"),
+        "\u1161": ("Hangul medial vowel, composes by rule", "\u1100"),
+        "\u11a8": ("Hangul final consonant, composes by rule", "\uac00"),
+        "\uff9e": ("half-width voiced mark: NFKC makes it U+3099", "\uff76"),
+        "\u3000": ("ideographic space: NFKC makes it U+0020", None),
+        "\uff41": ("full-width a: NFKC makes it a", None),
+    }
+    for char, (why, witness) in refused.items():
+        assert not cuttable.match(char), why
+        if witness is not None:
+            together = unicodedata.normalize("NFKC", witness + char)
+            apart = unicodedata.normalize("NFKC", witness) + unicodedata.normalize("NFKC", char)
+            assert together != apart, why
