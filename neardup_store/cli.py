@@ -1716,7 +1716,9 @@ def _spark(master: str, conf: tuple[str, ...]) -> Iterator[Any]:
     root logger, which, having no handler, made one that printed tracebacks around the
     one ``interrupted`` line: for the block, the root logger gets a handler that drops
     them (the command words its failures itself), and loses it after, so that a program
-    running the command in its own process keeps its logging as it was."""
+    running the command in its own process keeps its logging as it was. A Ctrl-C in the
+    block stops the session with the JVM's logging off
+    (:func:`~neardup_store.spark.runtime.stopped_on_interrupt`)."""
     from .spark import runtime
 
     settings = {"spark.ui.showConsoleProgress": str(_show_progress()).lower()}
@@ -1726,7 +1728,9 @@ def _spark(master: str, conf: tuple[str, ...]) -> Iterator[Any]:
         root.addHandler(quiet)
     try:
         _note(f"starting Spark on {master}")
-        yield runtime.spark_session(master, "neardup-admin", settings)
+        session = runtime.spark_session(master, "neardup-admin", settings)
+        with runtime.stopped_on_interrupt(session):
+            yield session
     finally:
         root.removeHandler(quiet)
 
@@ -1737,6 +1741,25 @@ def _holds_files(path: Path) -> bool:
         return path.is_dir() and any(path.iterdir())
     except OSError:
         return False
+
+
+def _partial_output_note(out: str, local_out: Path | None, fresh: bool) -> str | None:
+    """What a Ctrl-C of spark-dedup leaves to do about ``--out``: delete it, if this run
+    is what put files there (a Ctrl-C while the inputs were listed, before the job
+    checked ``--out``, must not send anyone to delete an earlier run's output). A remote
+    URI is not looked at (its file system is Spark's, which the interrupt stops): it may
+    hold part of the output."""
+    if local_out is None:
+        return (
+            f"{out} may hold part of the output: delete it before running again (a run "
+            "needs a new or empty directory)"
+        )
+    if fresh and _holds_files(local_out):
+        return (
+            f"{out} holds part of the output: delete it before running again (a run "
+            "needs a new or empty directory)"
+        )
+    return None
 
 
 _master_option = click.option(
@@ -1804,10 +1827,8 @@ def spark_dedup(
     from .spark import job, pipeline
 
     store_params = _params_from(params_options)
-    # Told to delete --out after a Ctrl-C only if this run is what put files there: a
-    # Ctrl-C before the job checks --out (while listing the inputs) must not send anyone
-    # to delete an earlier run's output. (A URI is not looked at.)
-    local_out = None if "://" in out else Path(str(pipeline.local_path(out)))
+    local = str(pipeline.local_path(out))  # a file: URI is the directory it names
+    local_out = None if "://" in local else Path(local)
     fresh = local_out is not None and not _holds_files(local_out)
     with _spark(master, conf) as session:
         try:
@@ -1822,11 +1843,9 @@ def spark_dedup(
                 partitions=partitions,
             )
         except KeyboardInterrupt as err:
-            if fresh and local_out is not None and _holds_files(local_out):
-                err.add_note(
-                    f"{out} holds part of the output: delete it before running again (a "
-                    "run needs a new or empty directory)"
-                )
+            note = _partial_output_note(out, local_out, fresh)
+            if note:
+                err.add_note(note)
             raise
     summary = {
         "documents": report.documents,

@@ -6,6 +6,7 @@ and fail when pyspark or Java is missing; set ``NEARDUP_SKIP_SPARK=1`` to skip t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -17,9 +18,11 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -879,6 +882,126 @@ def test_a_store_made_at_the_load_path_while_it_ran_is_never_overwritten(
         assert list(store) == ["precious"]
 
 
+def _a_loaded_store(tmp_path: Path, name: str = "store") -> Path:
+    """A finished load's temporary store beside ``tmp_path / name``."""
+    building = tmp_path / f".{name}.loading"
+    with Store.open(building, create=True) as store:
+        store.add("loaded", "a document of the load")
+    return building
+
+
+@pytest.mark.parametrize("change", ["a file in its place", "a file put into it"])
+def test_an_empty_load_path_changed_while_the_load_ran_is_refused_before_any_move(
+    tmp_path: Path, change: str
+) -> None:
+    """An empty directory replaced by a file while the load ran gave a raw
+    NotADirectoryError naming the load's temporary file, which is deleted right after;
+    one that a file was put into had the store's files linked in beside it (review 51)."""
+    from neardup_store.spark.job import _move_into
+
+    target = tmp_path / "store"
+    target.mkdir()  # new or empty when the load began
+    building = _a_loaded_store(tmp_path)
+    if change == "a file in its place":
+        target.rmdir()
+        target.write_text("put here meanwhile\n")
+    else:
+        (target / "notes.txt").write_text("put here meanwhile\n")
+    with pytest.raises(InvalidParameterError, match="something was put there while it ran"):
+        _move_into(building, target)
+    if change == "a file in its place":
+        assert target.read_text() == "put here meanwhile\n"
+    else:
+        assert os.listdir(target) == ["notes.txt"]
+    assert "data.mdb" in os.listdir(building)  # bulk_load deletes it, not the move
+
+
+def test_a_move_the_load_path_refuses_names_the_load_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any other failure of the move into an empty directory (a read-only file system,
+    no permission) was a raw OSError naming the load's temporary file (review 51)."""
+    from neardup_store.spark.job import _move_into
+
+    target = tmp_path / "store"
+    target.mkdir()
+    building = _a_loaded_store(tmp_path)
+    real_link = os.link
+
+    def read_only(source: Any, destination: Any) -> None:
+        if Path(destination).name == "data.mdb":  # after the other files were moved
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(source), str(destination))
+        real_link(source, destination)
+
+    monkeypatch.setattr(os, "link", read_only)
+    with pytest.raises(InvalidParameterError) as caught:
+        _move_into(building, target)
+    assert str(caught.value).startswith(f"path='{target}' is not valid: expected a directory")
+    assert "Read-only file system" in str(caught.value)
+    assert str(building) not in str(caught.value)
+    assert os.listdir(target) == []  # what was moved is taken back out
+
+
+def test_a_file_system_without_hard_links_gets_the_store_without_overwriting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.link fails where a file system has no hard links (vfat, exFAT, some FUSE
+    mounts: EPERM), where the move into an empty directory worked before review 48
+    (review 51). The store's names are taken first (O_EXCL), then its files are moved
+    onto them: it is loaded there, and a name taken meanwhile is still refused."""
+    from neardup_store.spark.job import _move_into
+
+    taken_meanwhile: list[Path] = []
+
+    def no_hard_links(source: Any, destination: Any) -> None:
+        if Path(destination) in taken_meanwhile:  # a store is being made there too
+            Path(destination).write_bytes(b"precious")
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM), str(source), str(destination))
+
+    target, other = tmp_path / "store", tmp_path / "other"
+    target.mkdir()
+    other.mkdir()
+    building, building_other = _a_loaded_store(tmp_path), _a_loaded_store(tmp_path, "other")
+    modes = {name: (building / name).stat().st_mode for name in os.listdir(building)}
+    monkeypatch.setattr(os, "link", no_hard_links)
+    _move_into(building, target)
+    assert not building.exists()
+    assert {name: (target / name).stat().st_mode for name in os.listdir(target)} == modes
+    with Store.open(target, read_only=True) as store:
+        assert list(store) == ["loaded"]
+
+    taken_meanwhile.append(other / "data.mdb")
+    with pytest.raises(InvalidParameterError, match="something was put there while it ran"):
+        _move_into(building_other, other)
+    assert os.listdir(other) == ["data.mdb"]  # the moved files were taken back out
+    assert (other / "data.mdb").read_bytes() == b"precious"
+
+
+def test_a_load_path_on_another_file_system_gets_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty mount point as the load path: the store is built beside it, on the file
+    system above, so neither a link nor a rename reaches it (EXDEV): its files are
+    copied onto the names taken for them (review 51)."""
+    from neardup_store.spark.job import _move_into
+
+    def cross_device(source: Any, destination: Any) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(source), str(destination))
+
+    target = tmp_path / "mounted"
+    target.mkdir()
+    building = _a_loaded_store(tmp_path, "mounted")
+    modes = {name: (building / name).stat().st_mode for name in os.listdir(building)}
+    monkeypatch.setattr(os, "link", cross_device)
+    monkeypatch.setattr(os, "replace", cross_device)
+    _move_into(building, target)
+    monkeypatch.undo()
+    assert not building.exists()
+    assert {name: (target / name).stat().st_mode for name in os.listdir(target)} == modes
+    with Store.open(target, read_only=True) as store:
+        assert list(store) == ["loaded"]
+
+
 def test_spark_dedup_takes_every_parameter_init_takes(
     spark: Any, corpus: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -1189,7 +1312,9 @@ def test_ctrl_c_during_spark_dedup_is_one_interrupted_line_and_says_what_to_dele
     """A Ctrl-C to the command's process group (as a terminal sends it) exited 130, but
     py4j logged the connection it broke through the root logger: tracebacks around the
     `interrupted` line, and no word that the partial output must go before a rerun
-    (review 46)."""
+    (review 46). Sent while Spark writes --out, the jobs pyspark failed to cancel were
+    aborted by the JVM's shutdown after Python had exited: log4j ERROR lines and Java
+    stack traces after `interrupted` (review 51). Nothing follows it but the note."""
     source = tmp_path / "in.jsonl"
     documents = make_corpus(documents=4000, planted_groups=200, seed=5).documents
     source.write_text(
@@ -1208,16 +1333,102 @@ def test_ctrl_c_during_spark_dedup_is_one_interrupted_line_and_says_what_to_dele
     )
     deadline = time.monotonic() + 300
     while job.poll() is None and time.monotonic() < deadline:
-        if out.is_dir() and any(out.iterdir()):  # the job has begun to write its output
+        # A task has begun a part file of the first output (the job made --out empty,
+        # and writes params.json, its last file, only after five more outputs).
+        if any(files for _, _, files in os.walk(out)):
             break
         time.sleep(0.01)
     os.killpg(job.pid, signal.SIGINT)
     _, stderr = job.communicate(timeout=300)
     lines = stderr.decode(errors="replace").splitlines()
     assert job.returncode == 130, [line for line in lines if "WARN" not in line][-8:]
-    assert "interrupted" in lines
-    assert not [line for line in lines if line.startswith(("Traceback", "ERROR:root"))]
-    assert f"{out} holds part of the output: delete it before running again" in "\n".join(lines)
+    assert not (out / "params.json").exists()  # the SIGINT landed while --out was written
+    assert lines[lines.index("interrupted") + 1 :] == [
+        f"{out} holds part of the output: delete it before running again (a run needs a "
+        "new or empty directory)"
+    ]
+    assert not [line for line in lines if line.startswith(("Traceback", "ERROR:root", "\tat "))]
+    assert not [line for line in lines if " ERROR " in line]
+
+
+@pytest.mark.parametrize(
+    ("given", "earlier", "note"),
+    [
+        ("path", False, "{out} holds part of the output: delete it before running again"),
+        ("file URI", False, "{out} holds part of the output: delete it before running again"),
+        ("file URI", True, None),
+        ("remote URI", False, "{out} may hold part of the output: delete it before running again"),
+    ],
+)
+def test_ctrl_c_says_to_delete_the_output_this_run_put_files_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, earlier: bool, note: str | None
+) -> None:
+    """A file:/// --out (the URI of a local directory) that the interrupted run put files
+    in lost the note, and so did every remote one (review 51): a file: URI is looked at
+    as the directory it names; a remote one, not looked at, may hold part of the output.
+    An earlier run's files are not this run's to delete. (Spark is stood in for.)"""
+    source, local = tmp_path / "in.jsonl", tmp_path / "out"
+    source.write_text('{"id": "a", "text": "some text here"}\n')
+    if earlier:
+        local.mkdir()
+        (local / "summary.json").write_text("{}")
+    out = {"path": str(local), "file URI": local.as_uri(), "remote URI": "hdfs://nn/out"}[given]
+
+    def interrupted_while_writing(spark: Any, inputs: Any, out: str, *args: Any, **kw: Any) -> Any:
+        if "hdfs:" not in out and not earlier:
+            (local / "signatures" / "_temporary").mkdir(parents=True)  # as Spark begins
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runtime, "spark_session", lambda *args, **kwargs: object())
+    monkeypatch.setattr(nds.job, "run_dedup", interrupted_while_writing)
+    result = CliRunner().invoke(cli, ["spark-dedup", str(source), "--out", out])
+    assert result.exit_code == 130
+    lines = result.output.splitlines()
+    assert lines[lines.index("interrupted") + 1 :] == (
+        [f"{note.format(out=out)} (a run needs a new or empty directory)"] if note else []
+    )
+
+
+def test_a_ctrl_c_stops_the_session_with_the_jvms_logging_off() -> None:
+    """pyspark's SIGINT handler asked the JVM to cancel the jobs over the py4j connection
+    the interrupted main thread was waiting on, which failed: the jobs ran on until the
+    JVM ended after Python, and its shutdown printed ERROR lines and Java stack traces
+    after `interrupted` (review 51). In the block, a SIGINT only raises; on the way out,
+    another thread turns the logging off, then cancels the jobs and stops the session."""
+    calls: list[tuple[str, bool]] = []
+
+    def call(name: str) -> Any:
+        return lambda *args: calls.append(
+            (" ".join([name, *args]), threading.current_thread() is threading.main_thread())
+        )
+
+    session = SimpleNamespace(
+        sparkContext=SimpleNamespace(
+            setLogLevel=call("setLogLevel"), cancelAllJobs=call("cancelAllJobs")
+        ),
+        stop=call("stop"),
+    )
+
+    def theirs(signum: int, frame: Any) -> None:
+        calls.append(("their handler", True))
+        raise KeyboardInterrupt
+
+    def ctrl_c_in_the_block() -> None:
+        with runtime.stopped_on_interrupt(session):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            pytest.fail("the SIGINT did not interrupt the block")
+
+    previous = signal.signal(signal.SIGINT, theirs)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c_in_the_block()
+        assert signal.getsignal(signal.SIGINT) is theirs
+        with runtime.stopped_on_interrupt(session):
+            pass
+        assert signal.getsignal(signal.SIGINT) is theirs
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert calls == [("setLogLevel OFF", False), ("cancelAllJobs", False), ("stop", False)]
 
 
 def test_a_setting_spark_refuses_is_one_error_line(tmp_path: Path) -> None:

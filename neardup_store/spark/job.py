@@ -443,16 +443,28 @@ def load_target(path: str | os.PathLike[str]) -> Path:
     return target.resolve() if target.exists() else Path(os.path.abspath(target))
 
 
+_NO_HARD_LINKS = frozenset(
+    {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV}
+)
+"""What ``os.link`` fails with where a file system has no hard links (vfat, exFAT, some
+FUSE mounts), or none to this directory (``EXDEV``: ``target`` is a mount point)."""
+
+_CHANGED = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.ENOENT})
+"""What a move fails with when ``target`` changed under it: a name taken, a directory
+filled, replaced by a file, or removed."""
+
+
 def _move_into(building: Path, target: Path) -> None:
     """Put the finished store at ``target``: renamed there if nothing is there; else its
     files are moved into the empty directory, which stays (it can be the current one,
     where a rename over it would fail), ``data.mdb`` last, so it is a store only once
     whole. A move never replaces a file: what was put at ``target`` while the load ran
-    (another store, made and written meanwhile) is refused, not overwritten, and a
-    failure takes the moved files back out.
+    (another store made and written meanwhile, or any other file) is refused, not
+    overwritten, and a failure takes the moved files back out.
 
     Raises:
-        InvalidParameterError: ``target`` is no longer a new or empty directory.
+        InvalidParameterError: ``target`` is no longer a new or empty directory, or
+            cannot be written.
     """
     taken = InvalidParameterError(
         "path",
@@ -460,21 +472,27 @@ def _move_into(building: Path, target: Path) -> None:
         "a new or empty directory until the load ends (something was put there while it "
         "ran, which is left as it is; load again into another path)",
     )
-    if not target.exists():
+    try:
+        held = os.listdir(target)  # looked at again now: the load took its time
+    except FileNotFoundError:
+        held = None
+    except OSError as err:
+        raise taken if err.errno in _CHANGED else _unwritable(target, err) from None
+    if held:
+        raise taken
+    if held is None:
         try:
             building.rename(target)  # over a directory made meanwhile only if it is empty
         except OSError as err:
-            if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                raise taken from None
-            raise
+            raise taken if err.errno in _CHANGED else _unwritable(target, err) from None
         return
     moved: list[str] = []
     try:
         for name in sorted(os.listdir(building), key=lambda name: name == "data.mdb"):
             try:
-                os.link(building / name, target / name)  # never replaces: EEXIST
-            except FileExistsError:
-                raise taken from None
+                _place(building / name, target / name)
+            except OSError as err:
+                raise taken if err.errno in _CHANGED else _unwritable(target, err) from None
             moved.append(name)
     except BaseException:
         for name in moved:
@@ -482,6 +500,46 @@ def _move_into(building: Path, target: Path) -> None:
                 os.unlink(target / name)
         raise
     shutil.rmtree(building)
+
+
+def _place(source: Path, destination: Path) -> None:
+    """Give ``source`` the name ``destination``, which must be free (``EEXIST`` if it is
+    not): a hard link, or where the file system has none, the name taken first as an
+    empty file of this process's (``O_EXCL``), then ``source`` moved (or, across file
+    systems, copied) onto it."""
+    try:
+        os.link(source, destination)
+        return
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+    os.close(os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        try:
+            os.replace(source, destination)
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(source, destination)
+            shutil.copymode(source, destination)
+            with open(destination, "rb+") as copied:  # the store was synced before the move
+                os.fsync(copied.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(destination)
+        raise
+
+
+def _unwritable(target: Path, err: OSError) -> InvalidParameterError:
+    """A move into ``target`` that failed for a reason of its own (permissions, a
+    read-only file system), said of ``target``: the error's own file name is the load's
+    temporary copy, deleted right after."""
+    return InvalidParameterError(
+        "path",
+        str(target),
+        f"a directory the loaded store can be moved into ({err.strerror or err}; the "
+        "load was not kept: load again once it can be written, or into another path)",
+    )
 
 
 # -- bulk load ----------------------------------------------------------------------------------

@@ -33,10 +33,12 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -362,6 +364,52 @@ def spark_session(
     session.sparkContext.setLogLevel(log_level)
     ship_package(session)
     return session
+
+
+@contextlib.contextmanager
+def stopped_on_interrupt(session: SparkSession) -> Iterator[None]:
+    """The block with a Ctrl-C that stops ``session`` without a word from the JVM.
+
+    pyspark's own SIGINT handler asks the JVM to cancel the running jobs from the
+    interrupted main thread, over the py4j connection that thread is waiting on, which
+    fails (a reentrant read); the jobs went on, and when the JVM ended after Python
+    had exited, its shutdown aborted them with log4j ERROR lines and Java stack traces
+    after the command's last line. (The JVM itself never sees the terminal's SIGINT:
+    pyspark starts it with SIGINT ignored.) For the block, a Ctrl-C only raises
+    :class:`KeyboardInterrupt`; on its way out, another thread, with a py4j connection
+    of its own, turns the JVM's logging off, then cancels the jobs and stops the
+    session, so the JVM is quiet before the interrupt is reported."""
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main else None
+    if not callable(previous):  # ignored (SIG_IGN), default, or set from C: left as it is
+        previous = None
+    if previous is not None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt:
+        stopping = threading.Thread(target=_stop_quietly, args=(session,), daemon=True)
+        stopping.start()
+        stopping.join(_STOP_TIMEOUT)  # a JVM that hangs must not hold the command
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+_STOP_TIMEOUT = 30.0
+"""Seconds a Ctrl-C waits for the session to stop before the command reports it."""
+
+
+def _stop_quietly(session: SparkSession) -> None:
+    """Silence the JVM's logging, cancel its jobs and stop ``session``, as far as it
+    goes: a JVM already gone has nothing left to say, and the interrupt is what the
+    caller reports."""
+    with contextlib.suppress(Exception):
+        context = session.sparkContext
+        context.setLogLevel("OFF")
+        context.cancelAllJobs()
+        session.stop()
 
 
 @contextlib.contextmanager
