@@ -981,6 +981,12 @@ def _report_failures(
 @click.option("--id-field", default="id", show_default=True, help="JSON-lines key field.")
 @click.option("--text-field", default="text", show_default=True, help="JSON-lines text field.")
 @click.option("--threshold", type=float, default=None, help="Similarity threshold (store's).")
+@click.option(
+    "--encoding",
+    default="utf-8",
+    show_default=True,
+    help="Encoding of the input (--keep and --dropped are written in UTF-8).",
+)
 @click.option("--batch-size", type=click.IntRange(1), default=ingest.DEDUP_BATCH, show_default=True)
 @click.option("--fail-on-duplicates", is_flag=True, help="Exit 1 if anything was dropped.")
 @_json_option
@@ -992,6 +998,7 @@ def dedup(
     id_field: str,
     text_field: str,
     threshold: float | None,
+    encoding: str,
     batch_size: int,
     fail_on_duplicates: bool,
     as_json: bool,
@@ -1000,7 +1007,8 @@ def dedup(
 
     Dropped records get "duplicate_of" and "score". A record whose key the store already
     holds is not new either: it is dropped with "duplicate_of" its own key and counted as
-    already_stored. Exits 1 if some lines could not be used (listed with --json). After
+    already_stored. Exits 1 if some lines could not be used (listed with --json). An
+    input that is not UTF-8 needs --encoding; kept lines are written in UTF-8 then. After
     an interruption, run the same command again: it resumes where the last committed
     batch ended.
 
@@ -1018,6 +1026,7 @@ def dedup(
         id_field=id_field,
         text_field=text_field,
         threshold=threshold,
+        encoding=encoding,
     )
     exists = (Path(store_path) / "data.mdb").exists()
     _note(f"{'opening' if exists else 'creating'} {store_path}")
@@ -1037,6 +1046,7 @@ def dedup(
                 id_field=id_field,
                 text_field=text_field,
                 threshold=threshold,
+                encoding=encoding,
                 batch_size=batch_size,
                 on_batch=ticker,
             )

@@ -323,8 +323,20 @@ class FormatVersionError(NeardupError, ValueError):
         self.path, self.found, self.supported = path, found, supported
 
 
+_BANDING_PARAMS = ("threshold", "bands", "rows")
+"""The parameters a rebuild changes: it bands the stored signatures anew."""
+_SIGNING_PARAMS = ("num_perm", "scheme", "seed")
+"""The parameters (with ``shingles``) that make the signatures: none can change in a
+store, which keeps signatures, not the texts they were made from."""
+
+
 class ParamsMismatchError(NeardupError, ValueError):
-    """Parameters passed to ``open`` conflict with the ones the store was created with."""
+    """Parameters passed to ``open`` conflict with the ones the store was created with.
+
+    The advice depends on which: a rebuild changes the banding (threshold, bands, rows),
+    but signatures made with another num_perm, scheme, seed or shingling can only be
+    made again from the texts, in a new store (neither a rebuild nor an export, which
+    carries the signatures as they are, can change them)."""
 
     def __init__(self, path: str, conflicts: dict[str, tuple[object, object]]) -> None:
         listed = "; ".join(
@@ -332,10 +344,38 @@ class ParamsMismatchError(NeardupError, ValueError):
             for name, (stored, asked) in sorted(conflicts.items())
         )
         super().__init__(
-            f"{path}: parameters conflict with the store's ({listed}); open it without "
-            "parameters to use its own, or rebuild/export into a new store to change them"
+            f"{path}: parameters conflict with the store's ({listed}); "
+            + _mismatch_advice(conflicts)
         )
         self.path, self.conflicts = path, conflicts
+
+
+def _mismatch_advice(conflicts: dict[str, object]) -> str:
+    """What to do about ``conflicts``, worded for the parameters they name."""
+    names = sorted({_parameter(name) for name in conflicts})
+    signing = [name for name in names if name not in _BANDING_PARAMS]
+    advice = f"open it without {_listed(names)} to use the store's own, or "
+    if not signing:
+        return (
+            f"{advice}rebuild it with the new {_listed(names)} (Store.rebuild, "
+            "neardup-admin rebuild) to change its banding"
+        )
+    return (
+        f"{advice}add the texts again to a new store made with the new ones (a rebuild or an "
+        f"export keeps the signatures, made with the store's {_listed(signing)})"
+    )
+
+
+def _parameter(conflict: str) -> str:
+    """The ``Store.open`` parameter a conflict's name comes from."""
+    if conflict in _BANDING_PARAMS or conflict in _SIGNING_PARAMS:
+        return conflict
+    return "shingles"
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _shown_key(key: object) -> str:

@@ -91,11 +91,16 @@ docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
 FAILURES_SUFFIX = ".progress.failed.jsonl"
 # Positions add input_tail in 2, store_commits in 3 (unchecked in older); in 4 the failures
-# move to their own file: ``failed`` becomes their count and ``failed_bytes`` that file's size.
-_STATE_VERSION = 4
-_READABLE_STATES = (1, 2, 3, 4)
+# move to their own file: ``failed`` becomes their count and ``failed_bytes`` that file's size;
+# in 5 the job records the input's encoding (older jobs read UTF-8, :data:`_OLDER_JOB`).
+_STATE_VERSION = 5
+_READABLE_STATES = (1, 2, 3, 4, 5)
 _STATE_FIELDS = frozenset({"version", "job", "committed", "pending", "probe_key", "done"})
-_JOB_FIELDS = ("input", "keep", "dropped", "store", "id_field", "text_field", "threshold")
+_JOB_FIELDS = (
+    "input", "keep", "dropped", "store", "id_field", "text_field", "threshold", "encoding"
+)  # fmt: skip
+_OLDER_JOB = {"encoding": "utf-8"}
+"""The job fields a progress file before version 5 lacks, as its job had them."""
 _COUNTS = ("line", "input_offset", "keep_bytes", "dropped_bytes", "batches", "kept", "dropped")
 _NEWER_FIELDS = {  # the version that added each
     "already_stored": 2,
@@ -269,16 +274,27 @@ def read_inputs(
             anything is read, not by the iteration).
     """
     check_encoding(encoding)
-    if jsonl and not _newline_is_one_byte(encoding):
+    if jsonl:
+        _check_lines_encoding(encoding)
+    if isinstance(include, str):
+        include = (include,)
+    return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)
+
+
+def _check_lines_encoding(encoding: str) -> None:
+    """Refuse a codec (a text one, :func:`check_encoding`) that JSON lines cannot be
+    read in: lines are cut at the byte 0x0a.
+
+    Raises:
+        InvalidParameterError: ``encoding`` writes a newline otherwise (UTF-16).
+    """
+    if not _newline_is_one_byte(encoding):
         raise InvalidParameterError(
             "encoding",
             encoding,
             "for JSON lines, one that writes a newline as the byte 0x0a "
             "(utf-8, latin-1, cp1252...); convert the file to UTF-8 first",
         )
-    if isinstance(include, str):
-        include = (include,)
-    return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)
 
 
 def _newline_is_one_byte(encoding: str) -> bool:
@@ -433,7 +449,9 @@ def _read_stream(
             number, raw = numbered
             if raw.strip():
                 where = f"{shown}:{number}"
-                item = parse_line(raw, where, id_field, text_field, encoding, shown, number)
+                item = parse_line(
+                    raw, where, id_field, text_field, encoding, shown, number, PASS_ENCODING
+                )
                 yield item if isinstance(item, Failure) else item[0]
         return
     try:
@@ -444,7 +462,8 @@ def _read_stream(
     try:
         yield Record(path_key(name), decode_text(data, encoding), None, shown, file=shown)
     except UnicodeError as err:
-        yield Failure(shown, _decode_reason(err, encoding), shown, error=type(err).__name__)
+        reason = _decode_reason(err, encoding, PASS_ENCODING)
+        yield Failure(shown, reason, shown, error=type(err).__name__)
 
 
 def _stat_error(path: Path) -> OSError | None:
@@ -478,10 +497,18 @@ def unreadable(name: str, err: OSError) -> Failure:
     return Failure(shown, reason, shown, error=type(err).__name__)
 
 
-def _decode_reason(err: UnicodeError, encoding: str) -> str:
+PASS_ENCODING = "pass the right encoding"
+"""What to do about input that does not decode, for a reader that takes its encoding
+(``add --encoding``, ``dedup --encoding``, ``encoding=``)."""
+CONVERT_TO_UTF8 = "convert the file to UTF-8 (for a Latin-1 file: iconv -f LATIN1 -t UTF-8)"
+"""What to do about it for a reader of UTF-8 only (spark-dedup): :func:`parse_line`'s
+default."""
+
+
+def _decode_reason(err: UnicodeError, encoding: str, advice: str) -> str:
     if isinstance(err, UnicodeDecodeError):
-        return f"not valid {encoding} at byte {err.start} ({err.reason}); pass the right encoding"
-    return f"not valid {encoding} ({err}); pass the right encoding"  # idna, punycode
+        return f"not valid {encoding} at byte {err.start} ({err.reason}); {advice}"
+    return f"not valid {encoding} ({err}); {advice}"  # idna, punycode
 
 
 def parse_line(
@@ -492,12 +519,17 @@ def parse_line(
     encoding: str = "utf-8",
     file: str | None = None,
     line: int | None = None,
+    decode_advice: str = CONVERT_TO_UTF8,
 ) -> tuple[Record, dict[str, Any]] | Failure:
     """One JSON line as a record and the parsed object, or a :class:`Failure` saying why.
 
     ``file`` and ``line`` are passed on to the record or failure. A failure's ``error``
     names what went wrong as Python would: ``UnicodeDecodeError``, ``JSONDecodeError``,
     ``KeyError`` (a missing field) or ``TypeError`` (a value of the wrong JSON type).
+    ``decode_advice`` ends the reason of a line that is not valid in ``encoding``: what
+    the caller's user can do about it. The default is for a reader of UTF-8 only
+    (:data:`CONVERT_TO_UTF8`); a reader that takes an encoding passes
+    :data:`PASS_ENCODING`.
     """
 
     def failure(reason: str, error: str, key: Any = None) -> Failure:
@@ -506,7 +538,7 @@ def parse_line(
     try:
         obj = json_object(raw.decode(encoding))
     except UnicodeError as err:
-        return failure(_decode_reason(err, encoding), type(err).__name__)
+        return failure(_decode_reason(err, encoding, decode_advice), type(err).__name__)
     if isinstance(obj, tuple):
         return failure(*obj)
     missing = [f for f in (id_field, text_field) if f not in obj]
@@ -1104,6 +1136,7 @@ def dedup(
     id_field: str = "id",
     text_field: str = "text",
     threshold: float | None = None,
+    encoding: str = "utf-8",
     batch_size: int = DEDUP_BATCH,
     on_batch: Callable[[BatchProgress], None] | None = None,
 ) -> DedupReport:
@@ -1118,21 +1151,30 @@ def dedup(
     stored document, and counted in ``already_stored`` too: the store holds that key, so
     the record is not new. Unusable lines are reported as failures.
 
+    ``encoding`` is the input's (one that writes a newline as the byte 0x0a). Both
+    outputs are UTF-8: read in another encoding, a kept line is written as its text in
+    UTF-8 (a character UTF-8 cannot carry, a lone surrogate, as its JSON escape), so
+    that the two outputs, and the inputs of later jobs made from them, share one.
+
     Rerunning with the same arguments after an interruption resumes (see the module
     docstring); a finished job returns its report without doing anything, unless lines
     were appended to the input since, which it goes on to read.
 
     Raises:
+        InvalidParameterError: as :func:`check_dedup_paths`, and a bad ``batch_size``.
         Interrupted: on ``KeyboardInterrupt`` (rerun to resume).
-        DedupStateError: the progress file belongs to a different job, the input is not
-            the one it read (replaced or truncated), an output is shorter than it records,
-            or the store's commit counter is below what the job's last batch saw (not the
-            store it wrote to, or an older state of it).
+        DedupStateError: the progress file belongs to a different job (other arguments,
+            ``encoding`` included), the input is not the one it read (replaced or
+            truncated), an output is shorter than it records, or the store's commit
+            counter is below what the job's last batch saw (not the store it wrote to, or
+            an older state of it).
         OSError: reading the input or writing an output failed part-way: the error
             names the file and says that the batches before it are committed.
     """
     check_batch_size(batch_size, allow_auto=False)
-    fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
+    fields = {
+        "id_field": id_field, "text_field": text_field, "threshold": threshold, "encoding": encoding
+    }  # fmt: skip
     paths, job, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store.path, fields)
     threshold = job["threshold"]
     sidecar = progress_path(keep_path)
@@ -1178,7 +1220,9 @@ def dedup(
             source.seek(at.input_offset)
             while True:
                 with _reading(paths[0]):
-                    lines, (line, offset) = _read_lines(source, batch_size, at.line)
+                    lines, (line, offset) = _read_lines(
+                        source, batch_size, at.line, job["encoding"]
+                    )
                     if not lines:
                         break
                     end = (line, offset, _tail_digest(source, offset))
@@ -1296,13 +1340,15 @@ def check_dedup_paths(
     id_field: str = "id",
     text_field: str = "text",
     threshold: float | None = None,
+    encoding: str = "utf-8",
 ) -> list[Path]:
     """The resolved paths of a :func:`dedup` job (input, keep, dropped), checked with the
     rest of the job before anything is opened or created, so that a refused job changes
     nothing: a caller that creates the store only when it is missing calls this first.
 
     Raises:
-        InvalidParameterError: the threshold is invalid, the input is not a regular file
+        InvalidParameterError: the threshold is invalid, ``encoding`` is no text codec
+            or one JSON lines cannot be read in (UTF-16), the input is not a regular file
             (a resume seeks in it) or its start cannot be read (no permission, an I/O
             error), an output's directory does not exist, an output is no
             regular file (a resume cuts it back), or an output would destroy a file the
@@ -1312,7 +1358,9 @@ def check_dedup_paths(
             ``store_path``: a run would create a new, empty one and keep again what the
             lost store held.
     """
-    fields = {"id_field": id_field, "text_field": text_field, "threshold": threshold}
+    fields = {
+        "id_field": id_field, "text_field": text_field, "threshold": threshold, "encoding": encoding
+    }  # fmt: skip
     paths, _, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store_path, fields)
     if (
         state is not None
@@ -1341,6 +1389,10 @@ def _checked_job(
     and the progress file's state, if there is one, refused if it records another job."""
     if fields["threshold"] is not None:
         fields = {**fields, "threshold": valid_threshold(fields["threshold"])}
+    check_encoding(fields["encoding"])
+    _check_lines_encoding(fields["encoding"])
+    # Recorded by the codec's own name: "latin-1" and "ISO-8859-1" are one job's.
+    fields = {**fields, "encoding": codecs.lookup(fields["encoding"]).name}
     paths = [real_path(p) for p in (input_jsonl_path, keep_path, dropped_path)]
     for name, path in zip(("input", "keep", "dropped"), paths, strict=True):
         if (err := _stat_error(path)) is not None:
@@ -1473,7 +1525,7 @@ def _file_ids(directories: Sequence[Path]) -> dict[tuple[int, int], Path]:
 
 
 def _read_lines(
-    source: IO[bytes], count: int, line: int
+    source: IO[bytes], count: int, line: int, encoding: str
 ) -> tuple[list[tuple[int, bytes]], tuple[int, int]]:
     """Up to ``count`` non-blank lines as (line number, bytes), and the number of the last
     line consumed and the offset after it (blank lines count as lines, so that later
@@ -1489,7 +1541,7 @@ def _read_lines(
         raw = source.readline()
         if not raw:
             break
-        if not raw.endswith(b"\n") and raw.strip() and not _parses(raw):
+        if not raw.endswith(b"\n") and raw.strip() and not _parses(raw, encoding):
             source.seek(offset)
             break
         line, offset = line + 1, source.tell()
@@ -1498,9 +1550,9 @@ def _read_lines(
     return lines, (line, offset)
 
 
-def _parses(raw: bytes) -> bool:
+def _parses(raw: bytes, encoding: str) -> bool:
     try:
-        json.loads(raw)
+        json.loads(raw.decode(encoding).removeprefix("\ufeff"))
     except RecursionError:  # complete, too deep to read: a failed line, not an unfinished one
         return True
     except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
@@ -1570,8 +1622,9 @@ def _dedup_batch(
     records: list[Record] = []
     failed: list[Failure] = []
     name = path_text(Path(job["input"]).name)
+    encoding = job["encoding"]
     for number, raw in lines:
-        fields = job["id_field"], job["text_field"], "utf-8", name, number
+        fields = job["id_field"], job["text_field"], encoding, name, number, PASS_ENCODING
         item = parse_line(raw, f"{name}:{number}", *fields)
         if isinstance(item, Failure):
             failed.append(item)
@@ -1597,7 +1650,7 @@ def _dedup_batch(
                 new.already_stored += 1
             elif result.added:
                 probes.append(key)
-                keep_out.append(raw.rstrip(b"\r\n") + b"\n")
+                keep_out.append(_as_utf8(raw.rstrip(b"\r\n"), encoding) + b"\n")
                 new.kept += 1
             else:
                 best = result.matches[0]
@@ -1612,6 +1665,15 @@ def _dedup_batch(
         outputs.failures.extend(failed)  # counted in the report once new.failed is
         _save_state(sidecar, job, at, new, probes or None)
     return new
+
+
+def _as_utf8(raw: bytes, encoding: str) -> bytes:
+    """A line read in ``encoding`` (one it decodes: it parsed) as UTF-8. A lone surrogate
+    (UTF-7 can give one), which UTF-8 cannot carry, can only be inside a JSON string (the
+    line parsed), and becomes the JSON escape of that character there, ``\\ud800``."""
+    if encoding == "utf-8":
+        return raw  # as it was read, byte for byte
+    return raw.decode(encoding).encode("utf-8", "backslashreplace")
 
 
 def _write_synced(out: IO[bytes], chunks: list[bytes]) -> int:
@@ -1709,7 +1771,8 @@ def _read_state(sidecar: Path) -> tuple[dict[str, Any], _State] | None:
     except _StateFieldError as err:
         reason = f"unreadable progress file ({err})"
         raise DedupStateError(str(sidecar), reason, damaged=True) from None
-    return state["job"], saved
+    job = state["job"] if version >= 5 else {**state["job"], **_OLDER_JOB}
+    return job, saved
 
 
 # Numbers as they were written (a failure's key is the input's id). Before version 4 the
@@ -1735,7 +1798,7 @@ class _StateFieldError(ValueError):
 
 def _checked_state(state: dict[str, Any], version: int) -> _State:
     _fields(state, _STATE_FIELDS, _STATE_FIELDS, "the file")
-    _check_job(state["job"])
+    _check_job(state["job"], version)
     probe, done = state["probe_key"], state["done"]
     probes_ok = isinstance(probe, list) and all(isinstance(key, str) for key in probe)
     if probe is not None and not isinstance(probe, str) and not probes_ok:
@@ -1766,11 +1829,11 @@ def _fields(
     return value
 
 
-def _check_job(value: object) -> None:
-    names = frozenset(_JOB_FIELDS)
+def _check_job(value: object, version: int) -> None:
+    names = frozenset(_JOB_FIELDS) - (_OLDER_JOB.keys() if version < 5 else set())
     job = _fields(value, names, names, "job")
     for name in _JOB_FIELDS:
-        if name != "threshold" and not isinstance(job[name], str):
+        if name in names and name != "threshold" and not isinstance(job[name], str):
             raise _StateFieldError(f"job.{name} is {_shown(job[name])}, not a string")
     threshold = job["threshold"]
     if threshold is not None and (

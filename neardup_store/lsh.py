@@ -164,15 +164,23 @@ class LSHParams:
         """Mean miss probability of a pair whose similarity is uniform on ``[t, 1]``."""
         return self.false_negative_area(threshold) / (1.0 - _check_threshold(threshold))
 
-    def check_fits(self, num_perm: int) -> None:
-        """Raise :class:`InvalidParameterError` if the bands need more than ``num_perm`` values."""
+    def check_fits(self, num_perm: int, *, num_perm_fixed: bool = False) -> None:
+        """Raise :class:`InvalidParameterError` if the bands need more than ``num_perm`` values.
+
+        ``num_perm_fixed``: the signatures exist already (a store's, for a rebuild), so their
+        length cannot give way, and the advice names only the banding.
+        """
         if integer(num_perm) is None:
             raise InvalidParameterError("num_perm", num_perm, "an integer: the signature length")
         if self.width > num_perm:
+            expected = (
+                f"at most the store's num_perm={num_perm} (fixed when its signatures were "
+                "made); use fewer bands or rows"
+                if num_perm_fixed
+                else f"at most num_perm={num_perm}; use fewer bands or rows, or more num_perm"
+            )
             raise InvalidParameterError(
-                "bands*rows",
-                f"{self.bands}*{self.rows}={self.width}",
-                f"at most num_perm={num_perm}; use fewer bands or rows, or more num_perm",
+                "bands*rows", f"{self.bands}*{self.rows}={self.width}", expected
             )
 
 

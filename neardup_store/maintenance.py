@@ -1006,7 +1006,7 @@ def _resolve_banding(
             return LSHParams(current.bands, current.rows), threshold
         return choose_params(threshold, store.config.num_perm), threshold
     banding = LSHParams(bands, rows)
-    banding.check_fits(store.config.num_perm)
+    banding.check_fits(store.config.num_perm, num_perm_fixed=True)
     return banding, threshold
 
 
@@ -1068,7 +1068,8 @@ def rebuild(
     (nothing is left to purge) and records the new banding, all in one write transaction:
     readers see the old banding or the new, never a mix. Signature parameters (num_perm,
     scheme, seed, shingles) cannot change here, since the signatures would have to be
-    recomputed from the texts; export and re-add the documents into a new store for that.
+    recomputed from the texts, which the store does not keep: make a new store with them
+    and add the texts again for that (an export carries the signatures as they are).
 
     Args:
         threshold: the new threshold (default: keep the current one).
@@ -1081,7 +1082,8 @@ def rebuild(
         ReadOnlyError: the store is open read-only.
         StoreBusyError: another process has the store open (its band table handles
             would point at dropped tables).
-        InvalidParameterError: bad threshold or banding.
+        InvalidParameterError: bad threshold or banding (a banding wider than the
+            store's num_perm included).
         CorruptRecordError: a record failed its checksum; nothing was changed (run
             :func:`check`).
 

@@ -312,6 +312,15 @@ class Store:
                 directory can be at (a file on the way, a dangling link, a name too long).
             FormatVersionError: written by an unknown format version.
             ParamsMismatchError: a passed parameter conflicts with the stored one.
+            InvalidParameterError: a bad parameter (a threshold outside (0, 1], a banding
+                wider than num_perm...), ``create`` with ``read_only``, a flag that is not
+                a bool, or a bad ``map_size``, ``max_readers`` or ``mode``; nothing is made.
+            StoreBusyError: this process has the store open already (share that
+                ``Store``), or other processes kept growing its map while this one tried
+                to open it.
+            ForkedStoreError: this process was forked from one that had the store open,
+                which py-lmdb does not open again in the child.
+            TooManyReadersError: every reader slot of the store's lock file is taken.
             StorePermissionError: this user may not enter the directory, read the data
                 file or write the lock files (or, to create, write the directory).
             CorruptStoreError: the store is damaged, ``data.mdb`` cut short included (an

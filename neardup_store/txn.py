@@ -342,8 +342,13 @@ class ReadTxn:
                 membership (reported as ``Match.exact``); needs a text query.
 
         Raises:
-            InvalidParameterError: bad threshold/limit, or both or neither of document
-                and signature.
+            InvalidParameterError: bad threshold, limit, exact or encoding, both or
+                neither of document and signature, or a signature of the wrong shape.
+            InvalidSignatureError: a signature whose values are not uint32 integers.
+            InputTypeError: a document that is not a str (nor bytes with ``encoding``).
+            TextDecodeError: bytes that are not valid in ``encoding``.
+            EmptyDocumentError: a text with nothing left to shingle once normalised.
+            StoreClosedError: the transaction's block has ended.
         """
         _check_one_of(document, signature, "document/signature")
         if exact is not None and document is None:
@@ -1214,8 +1219,16 @@ class WriteTxn(ReadTxn):
 
         Raises:
             DuplicateKeyError: the key exists and ``replace`` is false.
-            InvalidKeyError / MetadataError / InputTypeError / EmptyDocumentError: bad input
-                (nothing is written).
+            InvalidKeyError / MetadataError / InputTypeError / EmptyDocumentError /
+                TextDecodeError: bad input (nothing is written); TextDecodeError for bytes
+                that are not valid in ``encoding``.
+            InvalidSignatureError: a ``signature`` whose values are not uint32 integers.
+            InvalidParameterError: both or neither of document and ``signature``, a
+                signature of the wrong shape, a bad ``encoding``, or a ``replace`` that is
+                not a bool.
+            ReadOnlyError: the store is open read-only.
+            IdsExhaustedError: the store has handed out every document id its format holds.
+            StoreClosedError: the transaction's block has ended.
         """
         self._store._check_writable()
         check_flags(replace=replace)

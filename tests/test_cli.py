@@ -2673,3 +2673,42 @@ def test_demo_makes_exactly_the_documents_asked_for(runner: CliRunner, docs: int
         corpus = make_corpus(docs, groups, seed=docs)
         assert len(corpus.documents) == docs
         assert all(len(g) >= 2 and set(g) <= corpus.documents.keys() for g in corpus.planted)
+
+
+def test_dedup_takes_the_encoding_its_failure_advises(runner: CliRunner, tmp_path: Path) -> None:
+    """A Latin-1 line failed with "pass the right encoding", and dedup had no --encoding
+    (review 53). It has now: the line is read, the outputs are UTF-8, and a rerun with
+    another encoding is refused as another job."""
+    source = tmp_path / "latin.jsonl"
+    source.write_bytes('{"id": "L", "text": "café au lait with some words"}\n'.encode("latin-1"))
+    args = ["dedup", source, "--store", tmp_path / "s.ndx", "--dropped", tmp_path / "d.jsonl"]
+    failed = _run(runner, *args, "--keep", tmp_path / "k0.jsonl", "--json")
+    assert failed.exit_code == 1
+    assert _jsonl(failed.output)[0]["failed"]["message"] == (
+        "not valid utf-8 at byte 24 (invalid continuation byte); pass the right encoding"
+    )
+    keep = tmp_path / "k.jsonl"
+    read = _run(runner, *args, "--keep", keep, "--encoding", "latin-1", "--json")
+    assert read.exit_code == 0, read.output
+    assert _jsonl(read.output)[-1]["summary"]["kept"] == 1
+    assert keep.read_bytes() == '{"id": "L", "text": "café au lait with some words"}\n'.encode()
+    other = _run(runner, *args, "--keep", keep)
+    assert other.exit_code == 2 and "differs in encoding" in other.output
+    unusable = _run(runner, *args, "--keep", tmp_path / "k2.jsonl", "--encoding", "utf-16")
+    assert unusable.exit_code == 2 and "byte 0x0a" in unusable.output
+    assert not (tmp_path / "k2.jsonl").exists()
+
+
+def test_rebuild_too_wide_for_the_signatures_advises_only_the_banding(
+    runner: CliRunner, store_path: Path
+) -> None:
+    """It advised "or more num_perm", which rebuild has no option for (review 53)."""
+    with Store.open(store_path) as store:
+        num_perm = store.config.num_perm
+    result = _run(runner, "rebuild", store_path, "--bands", num_perm, "--rows", 2)
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: bands*rows='{num_perm}*2={2 * num_perm}' is not valid: expected at most the "
+        f"store's num_perm={num_perm} (fixed when its signatures were made); use fewer bands "
+        "or rows\n"
+    )

@@ -6,6 +6,7 @@ import errno
 import inspect
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -241,3 +242,46 @@ def test_path_of_refuses_a_path_the_file_system_cannot_name(path: object, fragme
     with pytest.raises(InvalidParameterError, match=f"^path=.*{fragment}"):
         errors.path_of(path)
     assert errors.path_of("a\udcffb") == Path(os.fsdecode(b"a\xffb"))
+
+
+def _raises_section(function: object) -> str:
+    doc = inspect.getdoc(function) or ""
+    return doc.split("Raises:", 1)[1] if "Raises:" in doc else ""
+
+
+def test_raises_sections_name_what_bad_input_raises(tmp_path: Path) -> None:
+    """Store.open, WriteTxn.add and ReadTxn.query raised errors for bad input that their
+    "Raises:" sections did not name (review 53). Each error raised here must be named
+    there, itself or as a base class of the package's."""
+    from neardup_store.txn import ReadTxn, WriteTxn
+
+    store = Store.open(tmp_path / "s", create=True, num_perm=64)
+    store.add("a", "the quick brown fox jumps over the lazy dog")
+    cases = [
+        (Store.open, lambda: Store.open(tmp_path / "n", create=True, threshold=2)),
+        (Store.open, lambda: Store.open(tmp_path / "s")),  # a second open in this process
+        (WriteTxn.add, lambda: store.add("b", b"\xff", encoding="utf-8")),
+        (WriteTxn.add, lambda: store.add("b", signature=["x"] * 64)),
+        (WriteTxn.add, lambda: store.add("b", "text", signature=[1] * 64)),
+        (ReadTxn.query, lambda: store.query("   ")),
+        (ReadTxn.query, lambda: store.query(b"bytes")),
+        (ReadTxn.query, lambda: store.query(b"\xff", encoding="utf-8")),
+        (ReadTxn.query, lambda: store.query(signature=[-1] * 64)),
+    ]
+    unnamed = []
+    try:
+        for function, call in cases:
+            with pytest.raises(NeardupError) as raised:
+                call()
+            section = _raises_section(function)
+            named = [
+                cls.__name__
+                for cls in type(raised.value).__mro__
+                if issubclass(cls, NeardupError) and cls is not NeardupError
+                if re.search(rf"\b{cls.__name__}\b", section)
+            ]
+            if not named:
+                unnamed.append((function.__qualname__, type(raised.value).__name__))
+    finally:
+        store.close()
+    assert unnamed == []

@@ -759,14 +759,20 @@ def _in_version_3(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
     def damage(state: dict[str, Any]) -> dict[str, Any]:
         committed = {k: v for k, v in state["committed"].items() if k != "failed_bytes"}
-        return {"version": 3, "committed": {**committed, **fields}}
+        return {"version": 3, "job": _job_before_5(state), "committed": {**committed, **fields}}
 
     return damage
 
 
+def _job_before_5(state: dict[str, Any]) -> dict[str, Any]:
+    """A progress file's job as files before version 5 record it: without its encoding."""
+    return {k: v for k, v in state["job"].items() if k != "encoding"}
+
+
 def _as_version_3(state: dict[str, Any], keep: Path) -> dict[str, Any]:
-    """A version 4 progress file's state as the release before wrote it: each position
-    lists its failures, which version 4 keeps in the failures file."""
+    """A version 5 progress file's state as version 3 wrote it: the job without its
+    encoding, and each position lists its failures, which version 4 keeps in the
+    failures file."""
     data = ingest_module.failures_path(keep).read_bytes()
 
     def old(position: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -780,6 +786,7 @@ def _as_version_3(state: dict[str, Any], keep: Path) -> dict[str, Any]:
     return {
         **state,
         "version": 3,
+        "job": _job_before_5(state),
         "committed": old(state["committed"]),
         "pending": old(state["pending"]),
     }
@@ -1248,7 +1255,7 @@ def test_dedup_counts_a_batch_interrupted_after_its_commit_and_resumes_a_version
         ingest_module.failures_path(out / "keep.jsonl").unlink()  # version 3 had none
         report = _dedup(store, archive, out, batch_size=16)
     _assert_as_uninterrupted(report, out, expected, reference)
-    assert json.loads(sidecar.read_text())["version"] == 4
+    assert json.loads(sidecar.read_text())["version"] == 5
 
 
 _FAILURES_DAMAGES: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
@@ -1291,3 +1298,107 @@ def test_dedup_refuses_a_failures_file_that_holds_other_than_it_records(
     sidecar.write_text(json.dumps({**state, **_in_committed(failed=3)(state)}))
     with pytest.raises(DedupStateError, match="holds 2 failures, not the 3 the progress file"):
         _dedup(store, archive, out, batch_size=40)
+
+
+# -- dedup's encoding (review 53) --------------------------------------------------------------
+
+_LATIN1_ROWS = [
+    {"id": "a", "text": "café au lait, crème brûlée and a pâtisserie on the corner"},
+    {"id": "b", "text": "café au lait, crème brûlée and a pâtisserie on the corner!"},
+    {"id": "c", "text": "naïve façade of the old théâtre, seen from the river bank"},
+]
+
+
+def _rows_file(path: Path, encoding: str) -> Path:
+    """:data:`_LATIN1_ROWS` as JSON lines in ``encoding``, the last without a newline."""
+    lines = [json.dumps(row, ensure_ascii=False) for row in _LATIN1_ROWS]
+    path.write_bytes("\n".join(lines).encode(encoding))
+    return path
+
+
+def test_dedup_reads_its_input_in_the_encoding_it_is_given(tmp_path: Path) -> None:
+    """dedup read UTF-8 only (it had no encoding), and advised "pass the right encoding"
+    for a Latin-1 line. Read with encoding="latin-1", a Latin-1 input gives what its UTF-8
+    copy gives: the same outputs, in UTF-8 (its last line, without a newline, included)."""
+    results = {}
+    for encoding in ("utf-8", "latin-1"):
+        source = _rows_file(tmp_path / f"{encoding}.jsonl", encoding)
+        out = tmp_path / f"out-{encoding}"
+        out.mkdir()
+        with Store.open(tmp_path / f"s-{encoding}", create=True, threshold=0.7) as store:
+            report = _dedup(store, source, out, encoding=encoding)
+            with store.read() as reader:
+                stored = sorted(reader.keys())
+        assert (report.kept, report.dropped, report.failed) == (2, 1, [])
+        assert report.held_back_bytes == 0 and stored == ["a", "c"]
+        results[encoding] = [(out / n).read_bytes() for n in ("keep.jsonl", "dropped.jsonl")]
+    assert results["latin-1"] == results["utf-8"]
+    kept = results["latin-1"][0].decode("utf-8").splitlines()
+    assert [json.loads(line) for line in kept] == [_LATIN1_ROWS[0], _LATIN1_ROWS[2]]
+
+
+def test_dedup_advice_for_an_undecodable_line_is_its_encoding_option(tmp_path: Path) -> None:
+    """The advice was "pass the right encoding", which dedup could not take; following it
+    now works."""
+    source = _rows_file(tmp_path / "latin.jsonl", "latin-1")
+    for attempt, options in enumerate([{}, {"encoding": "latin-1"}]):
+        out = tmp_path / f"out{attempt}"
+        out.mkdir()
+        with Store.open(tmp_path / f"s{attempt}", create=True, threshold=0.7) as store:
+            report = _dedup(store, source, out, **options)
+        if not options:
+            assert len(report.failed) == 2  # the third line is held back: not UTF-8 JSON
+            assert report.failed[0].reason == (
+                "not valid utf-8 at byte 24 (invalid continuation byte); pass the right encoding"
+            )
+    assert (report.kept, report.dropped, report.failed) == (2, 1, [])
+
+
+def test_dedup_resumes_only_with_the_encoding_its_job_read(
+    store: Store, archive: Path, tmp_path: Path
+) -> None:
+    """The encoding is part of the job: another one is refused, another spelling of the
+    same one is not, and a job of a progress file before version 5 read UTF-8."""
+    out = archive.parent
+    latin = _rows_file(tmp_path / "latin.jsonl", "latin-1")
+    first = dedup(store, latin, out / "k1.jsonl", out / "d1.jsonl", encoding="latin-1")
+    again = dedup(store, latin, out / "k1.jsonl", out / "d1.jsonl", encoding="ISO-8859-1")
+    assert (again.kept, again.dropped) == (first.kept, first.dropped) == (2, 1)
+    with pytest.raises(DedupStateError, match=r"differs in encoding\)"):
+        dedup(store, latin, out / "k1.jsonl", out / "d1.jsonl")
+    done = _dedup(store, archive, out)
+    sidecar = progress_path(out / "keep.jsonl")
+    state = json.loads(sidecar.read_text())
+    assert state["version"] == 5 and state["job"]["encoding"] == "utf-8"
+    sidecar.write_text(json.dumps({**state, "version": 4, "job": _job_before_5(state)}))
+    with pytest.raises(DedupStateError, match=r"differs in encoding\)"):
+        _dedup(store, archive, out, encoding="cp1252")
+    assert _dedup(store, archive, out).kept == done.kept
+
+
+def test_check_dedup_paths_refuses_an_encoding_lines_cannot_be_read_in(
+    tmp_path: Path, archive: Path
+) -> None:
+    """UTF-16 cuts no lines at the byte 0x0a, and a name that is no codec: both refused
+    before anything is made."""
+    keep, dropped = tmp_path / "keep.jsonl", tmp_path / "dropped.jsonl"
+    for encoding, expected in [("utf-16", "byte 0x0a"), ("no-such-codec", "a codec name")]:
+        with pytest.raises(InvalidParameterError, match=expected):
+            check_dedup_paths(archive, keep, dropped, tmp_path / "s", encoding=encoding)
+    assert not keep.exists() and not dropped.exists() and not (tmp_path / "s").exists()
+
+
+def test_parse_line_advice_for_an_undecodable_line_is_worded_by_its_caller() -> None:
+    """By default (spark-dedup, which reads UTF-8 only) the advice is to convert the file,
+    not to "pass the right encoding", which it has no way to take."""
+    line = '{"id": "x", "text": "café"}\n'.encode("latin-1")
+    default = ingest_module.parse_line(line, "in.jsonl:1", "id", "text")
+    assert isinstance(default, Failure)
+    assert default.reason == (
+        "not valid utf-8 at byte 24 (invalid continuation byte); convert the file to UTF-8 "
+        "(for a Latin-1 file: iconv -f LATIN1 -t UTF-8)"
+    )
+    worded = ingest_module.parse_line(
+        line, "in.jsonl:1", "id", "text", decode_advice=ingest_module.PASS_ENCODING
+    )
+    assert isinstance(worded, Failure) and worded.reason.endswith("; pass the right encoding")

@@ -308,3 +308,16 @@ def test_only_a_threshold_of_1_is_told_to_give_the_banding(threshold: float) -> 
     with pytest.raises(InvalidParameterError) as refused:
         choose_params(threshold)
     assert ("bands= and rows= given" in str(refused.value)) == (threshold == 1)
+
+
+def test_check_fits_advice_drops_more_num_perm_when_the_signatures_are_made() -> None:
+    """A rebuild keeps the stored signatures, so "or more num_perm" could not be followed
+    there (review 53); choosing a banding for signatures still to be made keeps it."""
+    with pytest.raises(InvalidParameterError) as fixed:
+        LSHParams(20, 4).check_fits(64, num_perm_fixed=True)
+    assert str(fixed.value) == (
+        "bands*rows='20*4=80' is not valid: expected at most the store's num_perm=64 (fixed "
+        "when its signatures were made); use fewer bands or rows"
+    )
+    with pytest.raises(InvalidParameterError, match=r"fewer bands or rows, or more num_perm$"):
+        LSHParams(20, 4).check_fits(64)

@@ -195,6 +195,56 @@ def test_reopen_with_conflicting_parameters_names_them(
         assert still_fine.params.config.num_perm == 64
 
 
+def test_params_mismatch_advice_is_the_one_that_works_for_the_parameters(
+    store_path: Path,
+) -> None:
+    """Every conflict was told to "rebuild/export into a new store", which cannot change
+    num_perm, scheme, seed or shingles (review 53). A banding conflict is told to rebuild,
+    and following that works; a conflict in what makes the signatures is told to add the
+    texts again to a new store made with the new parameters."""
+    Store.open(store_path, create=True, **CREATE_PARAMS).close()
+    with pytest.raises(ParamsMismatchError) as banding:
+        Store.open(store_path, threshold=0.7)
+    assert str(banding.value).endswith(
+        "; open it without threshold to use the store's own, or rebuild it with the new "
+        "threshold (Store.rebuild, neardup-admin rebuild) to change its banding"
+    )
+    with Store.open(store_path) as store:
+        store.rebuild(threshold=0.7)
+    Store.open(store_path, threshold=0.7).close()  # the advice followed
+    for asked, names, signing in [
+        ({"num_perm": 128}, "num_perm", "num_perm"),
+        ({"seed": 8, "threshold": 0.9}, "seed and threshold", "seed"),
+        ({"shingles": ShingleConfig(kind="word", size=3)}, "shingles", "shingles"),
+    ]:
+        with pytest.raises(ParamsMismatchError) as raised:
+            Store.open(store_path, **asked)
+        assert str(raised.value).endswith(
+            f"; open it without {names} to use the store's own, or add the texts again to a "
+            "new store made with the new ones (a rebuild or an export keeps the signatures, "
+            f"made with the store's {signing})"
+        )
+
+
+def test_rebuild_to_a_banding_wider_than_the_signatures_advises_fewer_bands_or_rows(
+    store_path: Path,
+) -> None:
+    """It advised "or more num_perm", which a rebuild, keeping the signatures, cannot
+    change (review 53)."""
+    with Store.open(store_path, create=True, num_perm=64) as store:
+        store.add("a", "the quick brown fox jumps over the lazy dog")
+        banding = store.banding
+        with pytest.raises(InvalidParameterError) as raised:
+            store.rebuild(bands=20, rows=4)
+        assert str(raised.value) == (
+            "bands*rows='20*4=80' is not valid: expected at most the store's num_perm=64 "
+            "(fixed when its signatures were made); use fewer bands or rows"
+        )
+        assert store.banding == banding  # nothing changed
+        store.rebuild(bands=16, rows=4)  # the advice followed
+        assert store.banding == LSHParams(16, 4)
+
+
 def test_missing_store_raises_store_not_found(tmp_path: Path) -> None:
     with pytest.raises(StoreNotFoundError) as raised:
         Store.open(tmp_path / "nothing-here")
