@@ -403,6 +403,43 @@ def test_meta_values() -> None:
     assert codec.unpack_meta(bytes.fromhex("81a562616e647302")) == {"bands": 2}
 
 
+# (the stored meta entries, the bytes the spec says are hashed, their xxh64 as an int)
+META_CHECKSUMS = [
+    (
+        {"format": b"ab", "format_version": b"c"},  # config and banding missing: empty
+        "02000000" "6162" "01000000" "63" "00000000" "00000000",
+        9906207230970535375,
+    ),
+    (
+        {"format": b"a", "format_version": b"bc"},  # the same bytes run together
+        "01000000" "61" "02000000" "6263" "00000000" "00000000",
+        5286555367328720237,
+    ),
+    (
+        {
+            "banding": bytes.fromhex("81a562616e647302"),  # {"bands": 2}
+            "config": bytes.fromhex("81a86e756d5f7065726d04"),  # {"num_perm": 4}
+            "format_version": b"\x05",
+            "format": bytes.fromhex("ad6e6561726475705f73746f7265"),  # "neardup_store"
+            "package_version": b"\xa50.1.0",  # not sealed: left out
+        },
+        "0e000000" "ad6e6561726475705f73746f7265" "01000000" "05"
+        "0b000000" "81a86e756d5f7065726d04" "08000000" "81a562616e647302",
+        895794013853590766,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "hashed", "pinned"), META_CHECKSUMS)
+def test_meta_checksum_is_pinned(raw: dict[str, bytes], hashed: str, pinned: int) -> None:
+    """Every store holds this checksum: computed any other way, every store written
+    before reads as corrupt. The other tests make their stores with the code under test,
+    so only a pinned value notices; without the length prefixes the first two inputs
+    would hash alike (review 49)."""
+    assert xxhash.xxh64_intdigest(bytes.fromhex(hashed)) == pinned  # the spec, restated
+    assert codec.meta_checksum(raw) == pinned
+
+
 # Version 2 of the export stream, which this release still reads: the header's fields and
 # each record bare. Version 3 seals them (below): the same bytes, as a bin beside their
 # xxh64.

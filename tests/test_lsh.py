@@ -166,6 +166,19 @@ def test_candidate_pairs_from_shared_keys() -> None:
     assert candidate_pairs(np.arange(6, dtype=np.uint64).reshape(3, 2)).shape == (0, 2)
 
 
+@pytest.mark.parametrize("key_bits", [1, 8, 39, 40, 41, 63, 64])
+def test_candidate_pairs_compare_exactly_the_first_key_bits(key_bits: int) -> None:
+    """Keys that differ in every bit after the first ``key_bits`` are a pair; keys that
+    differ in the last of those bits only are not. The fixture meant to pin the store's
+    40 bits shared 42, so keeping a bit too many or too few went unseen (review 49)."""
+    dropped = (1 << (64 - key_bits)) - 1  # every bit after the first key_bits
+    last_kept = 1 << (64 - key_bits)
+    base = 0x9E3779B97F4A7C15 & ~dropped & ~last_kept
+    keys = [base, base | dropped, base | last_kept, base | last_kept | dropped]
+    pairs = candidate_pairs(np.array(keys, dtype=np.uint64)[:, None], key_bits=key_bits)
+    assert pairs.tolist() == [[0, 1], [2, 3]]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["oph", "kperm"])
 def test_candidate_rate_follows_the_s_curve(scheme: str) -> None:

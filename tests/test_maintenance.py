@@ -488,6 +488,35 @@ def test_check_finds_real_corruption_and_repair_fixes_what_it_can(
             assert {v.kind for v in repaired.remaining} == kinds and not repaired.ok
 
 
+@pytest.mark.parametrize("byte", ["first", "last kept"])
+def test_check_finds_an_entry_in_the_bucket_next_to_its_documents_own(
+    store: Store, byte: str
+) -> None:
+    """An extra band entry of a stored document in a bucket one bit away from its own:
+    in the top bit of the band key's first byte, or the low bit of the last byte a store
+    keeps. The other corruptions put entries far from their bucket, so a check comparing
+    all but the last kept byte passed them (review 49)."""
+    path = store.path
+    store.close()
+    kept = codec.band_layout(codec.FORMAT_VERSION).band_key_bytes
+    own = _band_key(path, "doc-0003", 1)
+    assert len(kept_band_key(own)) == kept
+    wrong = bytearray(own)
+    if byte == "first":
+        wrong[0] ^= 0x80
+    else:
+        wrong[kept - 1] ^= 0x01
+    doc_id = _doc_id(path, "doc-0003")
+    _put(path, codec.band_table_name(0, 1), *band_table_entry(bytes(wrong), doc_id))
+    with Store.open(path) as damaged:
+        (violation,) = damaged.check().violations
+        assert (violation.kind, violation.doc_id) == ("band-orphan", codec.decode_id(doc_id))
+        bucket = kept_band_key(bytes(wrong)).hex()
+        assert f"bucket {bucket} of band 1 lists document {violation.doc_id}," in violation.detail
+        repaired = damaged.check(repair=True)
+        assert repaired.repaired and repaired.ok and damaged.check().ok
+
+
 def test_check_finds_a_corrupt_record_without_failing_itself(store: Store) -> None:
     path = store.path
     store.close()
