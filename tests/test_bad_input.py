@@ -369,6 +369,21 @@ def hash_free_seed(*parts: object) -> int:
     return sum(ord(c) * (i + 1) for i, c in enumerate(repr(parts)))
 
 
+def _streamed_in_pieces_of_100(monkeypatch: pytest.MonkeyPatch, longer_than: int) -> list[int]:
+    """Documents longer than ``longer_than`` streamed in pieces of 100 characters; the
+    returned list gets the batch index of each document streamed."""
+    calls: list[int] = []
+    original = streamed.signature
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return original(*args, **{**kwargs, "piece_characters": 100})
+
+    monkeypatch.setattr(streamed, "STREAM_MIN_CHARACTERS", longer_than)
+    monkeypatch.setattr(streamed, "signature", counting)
+    return calls
+
+
 def test_signatures_routes_long_documents_through_the_streamed_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -384,15 +399,7 @@ def test_signatures_routes_long_documents_through_the_streamed_path(
     expected = hasher.signatures_from_hashes(
         hasher.shingler.hash_batch(documents, encoding="ascii")
     )
-    calls: list[int] = []
-    original = streamed.signature
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[3])
-        return original(*args, **{**kwargs, "piece_characters": 100})
-
-    monkeypatch.setattr(streamed, "STREAM_MIN_CHARACTERS", 1000)
-    monkeypatch.setattr(streamed, "signature", counting)
+    calls = _streamed_in_pieces_of_100(monkeypatch, longer_than=1000)
     assert np.array_equal(hasher.signatures(documents, encoding="ascii"), expected)
     assert calls == [2, 4]
     with pytest.raises(TextDecodeError) as raised:
@@ -443,15 +450,7 @@ def test_memoryview_documents_are_streamed_like_bytes(monkeypatch: pytest.Monkey
     view = memoryview(text.encode("utf-16-le")).cast("H")  # 3,000 items, 6,000 bytes
     hasher = MinHasher(MinHashConfig(num_perm=64))
     expected = hasher.signatures([text, "a short one", text])
-    calls: list[int] = []
-    original = streamed.signature
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[3])
-        return original(*args, **{**kwargs, "piece_characters": 100})
-
-    monkeypatch.setattr(streamed, "STREAM_MIN_CHARACTERS", 4000)
-    monkeypatch.setattr(streamed, "signature", counting)
+    calls = _streamed_in_pieces_of_100(monkeypatch, longer_than=4000)
     assert streamed.streams(hasher.config.shingles, view)
     assert streamed.streams(hasher.config.shingles, memoryview(text.encode("utf-16-le")))
     assert not streamed.streams(hasher.config.shingles, memoryview(text.encode("ascii")))
