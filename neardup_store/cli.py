@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -1755,16 +1756,18 @@ def _holds_files(path: Path) -> bool:
 
 def _partial_output_note(out: str, local_out: Path | None, fresh: bool) -> str | None:
     """What a Ctrl-C of spark-dedup leaves to do about ``--out``: delete it, if this run
-    is what put files there (a Ctrl-C while the inputs were listed, before the job
-    checked ``--out``, must not send anyone to delete an earlier run's output). A remote
-    URI is not looked at (its file system is Spark's, which the interrupt stops): it may
-    hold part of the output."""
+    is what put files there. ``fresh``: the job found ``--out`` new or empty (a Ctrl-C
+    while the inputs were listed, before the job checked ``--out``, must not send anyone
+    to delete an earlier run's output). A remote URI is not looked at (its file system is
+    Spark's, which the interrupt stops): once checked, it may hold part of the output."""
+    if not fresh:
+        return None
     if local_out is None:
         return (
             f"{out} may hold part of the output: delete it before running again (a run "
             "needs a new or empty directory)"
         )
-    if fresh and _holds_files(local_out):
+    if _holds_files(local_out):
         return (
             f"{out} holds part of the output: delete it before running again (a run "
             "needs a new or empty directory)"
@@ -1839,7 +1842,7 @@ def spark_dedup(
     store_params = _params_from(params_options)
     local = str(pipeline.local_path(out))  # a file: URI is the directory it names
     local_out = None if "://" in local else Path(local)
-    fresh = local_out is not None and not _holds_files(local_out)
+    checked = threading.Event()  # set when the job finds --out new or empty: then it is ours
     with _spark(master, conf) as session:
         try:
             report = job.run_dedup(
@@ -1851,9 +1854,10 @@ def spark_dedup(
                 text_field=text_field,
                 max_bucket=max_bucket,
                 partitions=partitions,
+                on_out_checked=checked.set,
             )
         except KeyboardInterrupt as err:
-            note = _partial_output_note(out, local_out, fresh)
+            note = _partial_output_note(out, local_out, checked.is_set())
             if note:
                 err.add_note(note)
             raise

@@ -182,7 +182,9 @@ class InputTypeError(DocumentError, TypeError):
     """A document is not text (for example ``bytes`` without an encoding, or ``None``)."""
 
     def __init__(self, value: object, index: int | None = None) -> None:
-        if isinstance(value, (bytes, bytearray, memoryview)):
+        if isinstance(value, memoryview) and _released(value):
+            self.hint = "the view was released, so its bytes are gone: pass it before releasing it"
+        elif isinstance(value, (bytes, bytearray, memoryview)):
             self.hint = "decode it first or pass encoding='utf-8' (or the right codec)"
         elif hasattr(value, "__array__"):
             self.hint = "for a signature, pass it as signature= (signatures= for a batch)"
@@ -194,6 +196,15 @@ class InputTypeError(DocumentError, TypeError):
     def _describe(self) -> str:
         where = self._where(" (document #{})", "")
         return f"expected a str document{where}, got {self.value_type.__name__}; {self.hint}"
+
+
+def _released(view: memoryview) -> bool:
+    """Whether ``view`` was released (memoryview has no attribute that says so)."""
+    try:
+        view.nbytes  # noqa: B018 (read only for the error a released view raises)
+    except ValueError:
+        return True
+    return False
 
 
 class InvalidSignatureError(DocumentError, InvalidParameterError):
@@ -356,8 +367,13 @@ def _mismatch_advice(conflicts: dict[str, object]) -> str:
     signing = [name for name in names if name not in _BANDING_PARAMS]
     advice = f"open it without {_listed(names)} to use the store's own, or "
     if not signing:
+        # A rebuild takes bands and rows together (or neither, for a threshold alone).
+        given = [name for name in ("bands", "rows") if name in names]
+        other = {"bands": "rows", "rows": "bands"}[given[0]] if len(given) == 1 else None
+        also = f", and {other} to go with them" if other else ""
+        where = "a rebuild takes bands and rows together: " if other else ""
         return (
-            f"{advice}rebuild it with the new {_listed(names)} (Store.rebuild, "
+            f"{advice}rebuild it with the new {_listed(names)}{also} ({where}Store.rebuild, "
             "neardup-admin rebuild) to change its banding"
         )
     return (

@@ -270,7 +270,7 @@ def read_inputs(
 
     Raises:
         InvalidParameterError: ``encoding`` is not a text codec, or with ``jsonl`` one whose
-            newline is not the byte 0x0a, such as UTF-16 (raised by this call, before
+            newline is not the byte 0x0a alone, such as UTF-16 or UTF-7 (raised by this call, before
             anything is read, not by the iteration).
     """
     check_encoding(encoding)
@@ -286,14 +286,17 @@ def _check_lines_encoding(encoding: str) -> None:
     read in: lines are cut at the byte 0x0a.
 
     Raises:
-        InvalidParameterError: ``encoding`` writes a newline otherwise (UTF-16).
+        InvalidParameterError: ``encoding`` writes a newline otherwise (UTF-16), or reads
+            ASCII bytes as something else (UTF-7's ``+AAo-``, raw_unicode_escape's
+            ``\\u000a`` are a newline: a kept line written back in UTF-8 became two).
     """
-    if not _newline_is_one_byte(encoding):
+    if not (_newline_is_one_byte(encoding) and _ascii_is_ascii(encoding)):
         raise InvalidParameterError(
             "encoding",
             encoding,
-            "for JSON lines, one that writes a newline as the byte 0x0a "
-            "(utf-8, latin-1, cp1252...); convert the file to UTF-8 first",
+            "for JSON lines, which are read line by line, one that writes a newline as the "
+            "byte 0x0a alone and reads ASCII as ASCII (utf-8, latin-1, cp1252...); "
+            "convert the file to UTF-8 first",
         )
 
 
@@ -303,6 +306,23 @@ def _newline_is_one_byte(encoding: str) -> bool:
     encoder = codecs.getincrementalencoder(encoding)()
     encoder.encode("x")
     return encoder.encode("\n") == b"\n"
+
+
+_ASCII_PROBE = bytes(range(128)) + b" +AAo- +AA0- \\n \\r \\u000a \\x0a \\012 ~{ ~} ~~"
+"""Every ASCII byte, and the escapes by which codecs write a line break without the
+byte 0x0a (UTF-7, raw_unicode_escape, unicode_escape) or shift to reading ASCII bytes
+as other characters (HZ). A codec that decodes all of it as ASCII reads no line break
+in a line's other ASCII bytes (and none of Python's decodes a byte above 0x7f as one)."""
+
+
+def _ascii_is_ascii(encoding: str) -> bool:
+    """Whether ``encoding`` decodes ASCII bytes, escapes included, as the same ASCII
+    characters: a JSON line read in it cannot hold a line break other than its bytes
+    0x0a and 0x0d, so its text, written back in UTF-8, stays one line."""
+    try:
+        return codecs.decode(_ASCII_PROBE, encoding) == _ASCII_PROBE.decode("ascii")
+    except (UnicodeError, ValueError, TypeError):  # a codec refusing the probe
+        return False
 
 
 def _read_inputs(
@@ -1151,7 +1171,8 @@ def dedup(
     stored document, and counted in ``already_stored`` too: the store holds that key, so
     the record is not new. Unusable lines are reported as failures.
 
-    ``encoding`` is the input's (one that writes a newline as the byte 0x0a). Both
+    ``encoding`` is the input's (one in which a line break is the byte 0x0a alone and
+    ASCII stays ASCII: :func:`check_dedup_paths`). Both
     outputs are UTF-8: read in another encoding, a kept line is written as its text in
     UTF-8 (a character UTF-8 cannot carry, a lone surrogate, as its JSON escape), so
     that the two outputs, and the inputs of later jobs made from them, share one.
@@ -1348,7 +1369,8 @@ def check_dedup_paths(
 
     Raises:
         InvalidParameterError: the threshold is invalid, ``encoding`` is no text codec
-            or one JSON lines cannot be read in (UTF-16), the input is not a regular file
+            or one JSON lines cannot be read in (UTF-16, UTF-7: :func:`_check_lines_encoding`),
+            the input is not a regular file
             (a resume seeks in it) or its start cannot be read (no permission, an I/O
             error), an output's directory does not exist, an output is no
             regular file (a resume cuts it back), or an output would destroy a file the

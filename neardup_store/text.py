@@ -335,7 +335,11 @@ def as_text(document: object, encoding: str | None = None, index: int | None = N
     if isinstance(document, (bytes, bytearray, memoryview)) and encoding is not None:
         check_encoding(encoding)
         try:
-            return decode_text(bytes(document), encoding)
+            data = bytes(document)
+        except ValueError:  # a released memoryview: its bytes are gone
+            raise InputTypeError(document, index) from None
+        try:
+            return decode_text(data, encoding)
         except UnicodeError as err:
             raise TextDecodeError(encoding, str(err), index) from err
     raise InputTypeError(document, index)

@@ -42,6 +42,7 @@ from neardup_store.cli import cli
 from neardup_store.errors import (
     DuplicateKeyError,
     EmptyDocumentError,
+    InputTypeError,
     InvalidParameterError,
     InvalidStreamError,
     KeyNotFoundError,
@@ -458,6 +459,24 @@ def test_memoryview_documents_are_streamed_like_bytes(monkeypatch: pytest.Monkey
     documents = [view, short, memoryview(bytearray(text.encode("utf-16-le")))]
     assert np.array_equal(hasher.signatures(documents, encoding="utf-16-le"), expected)
     assert calls == [0, 2]
+
+
+def test_a_released_memoryview_document_is_a_typed_error_naming_it() -> None:
+    """bytes() of a released memoryview raised a raw ValueError out of signature() and
+    signatures(), though streamed.length() said as_text reports it (review 54)."""
+    hasher = MinHasher(MinHashConfig(num_perm=16))
+    view = memoryview(b"some document text")
+    view.release()
+    hint = "got memoryview; the view was released, so its bytes are gone"
+    with pytest.raises(InputTypeError, match=f"^expected a str document, {hint}") as one:
+        hasher.signature(view, "utf-8")
+    assert one.value.index is None
+    with pytest.raises(InputTypeError, match=rf"\(document #1\), {hint}") as batch:
+        hasher.signatures([b"other text here", view], "utf-8")
+    assert batch.value.index == 1
+    with pytest.raises(InputTypeError, match=hint):  # without an encoding, the same reason
+        hasher.signature(view)
+    assert streamed.length(view) is None
 
 
 # -- security: no code execution, bounded decoding ---------------------------------------------

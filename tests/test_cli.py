@@ -2699,6 +2699,26 @@ def test_dedup_takes_the_encoding_its_failure_advises(runner: CliRunner, tmp_pat
     assert not (tmp_path / "k2.jsonl").exists()
 
 
+def test_dedup_refuses_an_encoding_that_reads_a_newline_from_other_bytes(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """With --encoding utf-7, `+AAo-` between a line's JSON tokens is a newline: the kept
+    record was written as two lines, neither of them JSON (review 54). Exit 2 before any
+    work, saying what encoding dedup needs."""
+    source = tmp_path / "in7.jsonl"
+    source.write_bytes(b'{"id":"a",+AAo-"text":"first document about apples and pears"}\n')
+    keep, store = tmp_path / "k.jsonl", tmp_path / "s.ndx"
+    args = ["dedup", source, "--store", store, "--keep", keep, "--dropped", tmp_path / "d.jsonl"]
+    result = _run(runner, *args, "--encoding", "utf-7")
+    assert result.exit_code == 2
+    assert result.output == (
+        "Error: encoding='utf-7' is not valid: expected for JSON lines, which are read line by "
+        "line, one that writes a newline as the byte 0x0a alone and reads ASCII as ASCII "
+        "(utf-8, latin-1, cp1252...); convert the file to UTF-8 first\n"
+    )
+    assert not keep.exists() and not store.exists()
+
+
 def test_rebuild_too_wide_for_the_signatures_advises_only_the_banding(
     runner: CliRunner, store_path: Path
 ) -> None:

@@ -1388,6 +1388,31 @@ def test_check_dedup_paths_refuses_an_encoding_lines_cannot_be_read_in(
     assert not keep.exists() and not dropped.exists() and not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize(
+    ("encoding", "newline"),
+    [("utf-7", b"+AAo-"), ("utf-7", b"+AA0-"), ("raw_unicode_escape", b"\\u000a")],
+)
+def test_an_encoding_that_reads_a_newline_from_other_bytes_is_refused(
+    store: Store, tmp_path: Path, encoding: str, newline: bytes
+) -> None:
+    """In UTF-7 and raw_unicode_escape a newline needs no byte 0x0a: JSON read it as white
+    space between tokens, and the kept line, written back in UTF-8, became two lines that
+    were not JSON (review 54). Such a codec is refused before anything is read or made;
+    one that reads ASCII as ASCII and cuts lines at 0x0a alone is taken."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"id": "a",' + newline + b'"text": "first document about apples"}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InvalidParameterError, match="newline as the byte 0x0a alone") as raised:
+        _dedup(store, source, out, encoding=encoding)
+    assert "reads ASCII as ASCII" in str(raised.value)
+    assert not list(out.iterdir()) and len(store) == 0
+    with pytest.raises(InvalidParameterError, match="newline as the byte 0x0a alone"):
+        read_inputs([source], jsonl=True, encoding=encoding)
+    for usable in ("utf-8", "utf-8-sig", "latin-1", "cp1252", "shift_jis", "gb18030"):
+        check_dedup_paths(source, out / "k.jsonl", out / "d.jsonl", tmp_path / "s", encoding=usable)
+
+
 def test_parse_line_advice_for_an_undecodable_line_is_worded_by_its_caller() -> None:
     """By default (spark-dedup, which reads UTF-8 only) the advice is to convert the file,
     not to "pass the right encoding", which it has no way to take."""

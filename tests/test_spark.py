@@ -1365,6 +1365,7 @@ def test_ctrl_c_during_spark_dedup_is_one_interrupted_line_and_says_what_to_dele
         ("file URI", False, "{out} holds part of the output: delete it before running again"),
         ("file URI", True, None),
         ("remote URI", False, "{out} may hold part of the output: delete it before running again"),
+        ("remote URI", True, None),
     ],
 )
 def test_ctrl_c_says_to_delete_the_output_this_run_put_files_in(
@@ -1373,7 +1374,9 @@ def test_ctrl_c_says_to_delete_the_output_this_run_put_files_in(
     """A file:/// --out (the URI of a local directory) that the interrupted run put files
     in lost the note, and so did every remote one (review 51): a file: URI is looked at
     as the directory it names; a remote one, not looked at, may hold part of the output.
-    An earlier run's files are not this run's to delete. (Spark is stood in for.)"""
+    An earlier run's files are not this run's to delete: with them, the job refuses --out,
+    and a Ctrl-C before it checked --out (while the inputs were listed) gets no note, a
+    remote --out included (review 54). (Spark is stood in for.)"""
     source, local = tmp_path / "in.jsonl", tmp_path / "out"
     source.write_text('{"id": "a", "text": "some text here"}\n')
     if earlier:
@@ -1382,7 +1385,10 @@ def test_ctrl_c_says_to_delete_the_output_this_run_put_files_in(
     out = {"path": str(local), "file URI": local.as_uri(), "remote URI": "hdfs://nn/out"}[given]
 
     def interrupted_while_writing(spark: Any, inputs: Any, out: str, *args: Any, **kw: Any) -> Any:
-        if "hdfs:" not in out and not earlier:
+        if earlier:
+            raise KeyboardInterrupt  # while the inputs were listed: --out not checked yet
+        kw["on_out_checked"]()  # as the job does once --out is found new or empty
+        if "hdfs:" not in out:
             (local / "signatures" / "_temporary").mkdir(parents=True)  # as Spark begins
         raise KeyboardInterrupt
 
@@ -1436,6 +1442,68 @@ def test_a_ctrl_c_stops_the_session_with_the_jvms_logging_off() -> None:
     finally:
         signal.signal(signal.SIGINT, previous)
     assert calls == [("setLogLevel OFF", False), ("cancelAllJobs", False), ("stop", False)]
+
+
+def test_a_second_ctrl_c_while_the_session_stops_keeps_the_first_and_its_note() -> None:
+    """A second Ctrl-C during the wait for the session to stop replaced the first
+    interrupt: the note spark-dedup had added to it (delete --out) was lost, and the
+    command printed a bare `interrupted` (review 54). It only cuts the wait short."""
+    released = threading.Event()
+
+    def stop() -> None:  # a JVM slow to stop, and the user presses Ctrl-C again
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        released.wait(60)
+
+    session = SimpleNamespace(
+        sparkContext=SimpleNamespace(setLogLevel=lambda level: None, cancelAllJobs=lambda: None),
+        stop=stop,
+    )
+    first = KeyboardInterrupt()
+    first.add_note("out holds part of the output: delete it before running again")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as raised, runtime.stopped_on_interrupt(session):
+            raise first
+    finally:
+        released.set()
+        signal.signal(signal.SIGINT, previous)
+    assert raised.value is first
+    assert first.__notes__ == ["out holds part of the output: delete it before running again"]
+
+
+def test_a_session_made_with_sigint_ignored_leaves_it_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyspark's SparkContext puts its own SIGINT handler over SIG_IGN, so spark-dedup
+    started with SIGINT ignored (a background job of a shell without job control) was
+    interrupted by one (review 54). SIG_IGN is put back once the session is made.
+    (Spark is stood in for: a getOrCreate that sets a handler as pyspark's does.)"""
+    from pyspark.sql import SparkSession
+
+    def theirs(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    def get_or_create(self: Any) -> Any:
+        signal.signal(signal.SIGINT, theirs)
+        return SimpleNamespace(
+            _jsparkSession=SimpleNamespace(sessionState=lambda: None),
+            sparkContext=SimpleNamespace(setLogLevel=lambda level: None),
+        )
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", get_or_create)
+    monkeypatch.setattr(runtime, "ship_package", lambda session: None)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        session = runtime.spark_session("local[1]")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        with runtime.stopped_on_interrupt(session):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own is kept
+        runtime.spark_session("local[1]")
+        assert signal.getsignal(signal.SIGINT) is theirs
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_setting_spark_refuses_is_one_error_line(tmp_path: Path) -> None:

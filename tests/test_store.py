@@ -226,6 +226,33 @@ def test_params_mismatch_advice_is_the_one_that_works_for_the_parameters(
         )
 
 
+@pytest.mark.parametrize(
+    ("asked", "names", "other"),
+    [
+        ({"bands": 16}, "bands", "rows"),
+        ({"rows": 2}, "rows", "bands"),
+        ({"threshold": 0.7, "bands": 16}, "bands and threshold", "rows"),
+    ],
+)
+def test_a_bands_or_rows_conflict_is_told_to_rebuild_with_both(
+    store_path: Path, asked: dict[str, Any], names: str, other: str
+) -> None:
+    """ "rebuild it with the new bands" was refused when followed: a rebuild takes bands
+    and rows together (review 54). The advice names the other one too, and followed (the
+    other one at the store's own value), it works."""
+    Store.open(store_path, create=True, **CREATE_PARAMS).close()
+    with pytest.raises(ParamsMismatchError) as raised:
+        Store.open(store_path, **asked)
+    assert str(raised.value).endswith(
+        f"; open it without {names} to use the store's own, or rebuild it with the new {names}, "
+        f"and {other} to go with them (a rebuild takes bands and rows together: Store.rebuild, "
+        "neardup-admin rebuild) to change its banding"
+    )
+    with Store.open(store_path) as store:
+        store.rebuild(**asked, **{other: CREATE_PARAMS[other]})
+    Store.open(store_path, **asked).close()  # the advice followed
+
+
 def test_rebuild_to_a_banding_wider_than_the_signatures_advises_fewer_bands_or_rows(
     store_path: Path,
 ) -> None:

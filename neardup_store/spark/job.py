@@ -138,6 +138,7 @@ def run_dedup(
     text_field: str = "text",
     max_bucket: int = pipeline.DEFAULT_MAX_BUCKET,
     partitions: int | None = None,
+    on_out_checked: Callable[[], None] | None = None,
 ) -> DedupReport:
     """Deduplicate JSON-lines files on Spark and write the outputs listed above.
 
@@ -150,6 +151,9 @@ def run_dedup(
         out: a new or empty directory (local path, or a URI the cluster can write).
         partitions: repartition the input lines into this many partitions first
             (default: as read, about one per 128 MB of input).
+        on_out_checked: called once ``out`` is found new or empty (and made), before
+            anything is written to it: from then on, what it holds is this run's (so an
+            interrupted run's caller knows whether to advise deleting it).
 
     Raises:
         InvalidParameterError: ``out`` is not empty, or a parameter is out of range.
@@ -174,6 +178,8 @@ def run_dedup(
         _make_directory("out", out_path)
     else:
         _check_empty_uri(spark, str(out))
+    if on_out_checked is not None:
+        on_out_checked()
     uri = str(out) if "://" in str(out) else _file_uri(out_path)
     seconds: dict[str, float] = {}
     lines = pipeline.read_listed(spark, listed)

@@ -313,6 +313,8 @@ def spark_session(
     driver's ``neardup_store`` is shipped to the executors (``addPyFile``); on a cluster
     they still need its dependencies (numpy, lmdb, msgpack, xxhash, pyarrow), which
     ``pip install neardup_store`` on each node (or a packed environment) provides.
+    SIGINT ignored when this is called stays ignored (pyspark's SparkContext puts its
+    own handler over ``SIG_IGN``).
 
     Args:
         master: ``local[*]``, ``local[2]``, ``spark://host:7077``, ``yarn``, ...
@@ -351,6 +353,7 @@ def spark_session(
             any_failure=True,
         ),
         _environment(launch),
+        _sigint_ignored_kept(),
     ):
         session = builder.getOrCreate()
         try:
@@ -378,7 +381,10 @@ def stopped_on_interrupt(session: SparkSession) -> Iterator[None]:
     pyspark starts it with SIGINT ignored.) For the block, a Ctrl-C only raises
     :class:`KeyboardInterrupt`; on its way out, another thread, with a py4j connection
     of its own, turns the JVM's logging off, then cancels the jobs and stops the
-    session, so the JVM is quiet before the interrupt is reported."""
+    session, so the JVM is quiet before the interrupt is reported. A second Ctrl-C
+    while that waits only cuts the wait short: the first interrupt, with the notes the
+    caller added to it, is the one reported. SIGINT ignored (``SIG_IGN``, as
+    :func:`spark_session` keeps it) is left ignored."""
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if on_main else None
     if not callable(previous):  # ignored (SIG_IGN), default, or set from C: left as it is
@@ -388,13 +394,31 @@ def stopped_on_interrupt(session: SparkSession) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        stopping = threading.Thread(target=_stop_quietly, args=(session,), daemon=True)
-        stopping.start()
-        stopping.join(_STOP_TIMEOUT)  # a JVM that hangs must not hold the command
+        # A second Ctrl-C ends the wait (start() waits too, for the thread to run); the
+        # first, with its notes, is the one reported.
+        with contextlib.suppress(KeyboardInterrupt):
+            stopping = threading.Thread(target=_stop_quietly, args=(session,), daemon=True)
+            stopping.start()
+            stopping.join(_STOP_TIMEOUT)  # a JVM that hangs must not hold the command
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _sigint_ignored_kept() -> Iterator[None]:
+    """The block, after which SIGINT is ignored again if it was before: pyspark's
+    SparkContext installs its own SIGINT handler over ``SIG_IGN``, and a process started
+    with SIGINT ignored (a background job of a shell without job control, ``trap '' INT``)
+    was interrupted by one."""
+    on_main = threading.current_thread() is threading.main_thread()
+    ignored = on_main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _STOP_TIMEOUT = 30.0
