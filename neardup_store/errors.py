@@ -12,6 +12,7 @@ import functools
 import numbers
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -361,8 +362,8 @@ class ParamsMismatchError(NeardupError, ValueError):
         self.path, self.conflicts = path, conflicts
 
 
-def _mismatch_advice(conflicts: dict[str, object]) -> str:
-    """What to do about ``conflicts``, worded for the parameters they name."""
+def _mismatch_advice(conflicts: Iterable[str]) -> str:
+    """What to do about the parameters named in ``conflicts``, worded for them."""
     names = sorted({_parameter(name) for name in conflicts})
     signing = [name for name in names if name not in _BANDING_PARAMS]
     advice = f"open it without {_listed(names)} to use the store's own, or "

@@ -270,8 +270,8 @@ def read_inputs(
 
     Raises:
         InvalidParameterError: ``encoding`` is not a text codec, or with ``jsonl`` one whose
-            newline is not the byte 0x0a alone, such as UTF-16 or UTF-7 (raised by this call, before
-            anything is read, not by the iteration).
+            newline is not the byte 0x0a alone, such as UTF-16 or UTF-7 (raised by this
+            call, before anything is read, not by the iteration).
     """
     check_encoding(encoding)
     if jsonl:
@@ -1172,10 +1172,10 @@ def dedup(
     the record is not new. Unusable lines are reported as failures.
 
     ``encoding`` is the input's (one in which a line break is the byte 0x0a alone and
-    ASCII stays ASCII: :func:`check_dedup_paths`). Both
-    outputs are UTF-8: read in another encoding, a kept line is written as its text in
-    UTF-8 (a character UTF-8 cannot carry, a lone surrogate, as its JSON escape), so
-    that the two outputs, and the inputs of later jobs made from them, share one.
+    ASCII stays ASCII: :func:`check_dedup_paths`). Both outputs are UTF-8: read in another
+    encoding, a kept line is written as its text in UTF-8 (a character UTF-8 cannot carry,
+    a lone surrogate, as its JSON escape), so that the two outputs, and the inputs of
+    later jobs made from them, share one.
 
     Rerunning with the same arguments after an interruption resumes (see the module
     docstring); a finished job returns its report without doing anything, unless lines
@@ -1369,9 +1369,9 @@ def check_dedup_paths(
 
     Raises:
         InvalidParameterError: the threshold is invalid, ``encoding`` is no text codec
-            or one JSON lines cannot be read in (UTF-16, UTF-7: :func:`_check_lines_encoding`),
-            the input is not a regular file
-            (a resume seeks in it) or its start cannot be read (no permission, an I/O
+            or one JSON lines cannot be read in (UTF-16, UTF-7:
+            :func:`_check_lines_encoding`), the input is not a regular file (a resume
+            seeks in it) or its start cannot be read (no permission, an I/O
             error), an output's directory does not exist, an output is no
             regular file (a resume cuts it back), or an output would destroy a file the
             job needs (:func:`refuse_clashing_paths`).
