@@ -474,12 +474,16 @@ keeps it as a lone surrogate, U+DC00 plus the byte (surrogateescape, PEP 383).""
 def _argv_text(text: str, encoding: str | None, option: str) -> str:
     """A document given on the command line (``option``), as text.
 
-    Signing the lone surrogates Python keeps for bytes the locale cannot decode would
-    quietly look for a text nobody wrote, and find nothing. So with ``encoding`` (an
-    explicit ``--encoding``) the argument's own bytes are decoded with it, as a file's
-    are; without, such bytes are an input error that says how to pass the text."""
+    Text the locale's encoding decoded is taken as given. Signing the lone surrogates
+    Python keeps for bytes it could not decode would quietly look for a text nobody
+    wrote, and find nothing: with ``encoding`` (an explicit ``--encoding``, which also
+    names the encoding of the command's files) the argument's own bytes are then decoded
+    with it, as a file's are; without, they are an input error that says how to pass
+    the text."""
+    if encoding is not None:
+        check_encoding(encoding)
     escaped = _ESCAPED_BYTE.search(text)
-    if encoding is None and escaped is None:
+    if escaped is None:
         return text
     locale_encoding = sys.getfilesystemencoding()  # what Python decoded the argument with
     try:
@@ -490,7 +494,6 @@ def _argv_text(text: str, encoding: str | None, option: str) -> str:
             "command line, so it has no bytes to decode; pass the text in a file with --file"
         ) from None
     if encoding is None:
-        assert escaped is not None
         where = (
             f"byte 0x{ord(escaped.group()) - 0xDC00:02x} "
             f"at offset {len(os.fsencode(text[: escaped.start()]))}"
@@ -499,7 +502,6 @@ def _argv_text(text: str, encoding: str | None, option: str) -> str:
             f"{option}: not valid {locale_encoding}, the locale's encoding ({where}); pass "
             "--encoding with the text's encoding, or put it in a file and use --file"
         )
-    check_encoding(encoding)
     try:
         return decode_text(data, encoding)
     except UnicodeError as err:
@@ -531,12 +533,12 @@ def _stream_name(stream: IO[bytes]) -> str:
 
 
 def _read_jsonl(
-    stream: IO[bytes], id_field: str, text_field: str
+    stream: IO[bytes], id_field: str, text_field: str, encoding: str
 ) -> tuple[list[_Query], list[ingest.Failure]]:
-    """The queries of a JSON-lines stream (the id defaults to the line number), and a
-    failure, located by ``file:line``, for each line that is not one: as in ``add``, a bad
-    line (not UTF-8, not JSON, no text) does not stop the others, and a read error stops
-    the stream only (:func:`.ingest.input_lines`)."""
+    """The queries of a JSON-lines stream in ``encoding`` (the id defaults to the line
+    number), and a failure, located by ``file:line``, for each line that is not one: as in
+    ``add``, a bad line (not in ``encoding``, not JSON, no text) does not stop the others,
+    and a read error stops the stream only (:func:`.ingest.input_lines`)."""
     name = ingest.path_text(_stream_name(stream))
     queries: list[_Query] = []
     failed: list[ingest.Failure] = []
@@ -548,7 +550,7 @@ def _read_jsonl(
         if not raw.strip():
             continue
         where = f"{name}:{number}"
-        parsed = _query_line(raw, id_field, text_field)
+        parsed = _query_line(raw, id_field, text_field, encoding)
         if isinstance(parsed, _BadLine):
             failed.append(
                 ingest.Failure(where, parsed.reason, name, number, parsed.qid, parsed.error)
@@ -572,13 +574,15 @@ class _BadLine(NamedTuple):
     error: str  # the name of the error type behind it
 
 
-def _query_line(raw: bytes, id_field: str, text_field: str) -> tuple[Any, str] | _BadLine:
+def _query_line(
+    raw: bytes, id_field: str, text_field: str, encoding: str
+) -> tuple[Any, str] | _BadLine:
     """A JSON line's ``(id or None, text)``, or why it is no query (worded as ``add``
     words it)."""
     try:
-        record = ingest.json_object(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        reason = f"not valid UTF-8 at byte {err.start} ({err.reason})"
+        record = ingest.json_object(raw.decode(encoding))
+    except UnicodeError as err:
+        reason = ingest.decode_reason(err, encoding, ingest.PASS_ENCODING)
         return _BadLine(reason, None, type(err).__name__)
     if isinstance(record, tuple):
         return _BadLine(record[0], None, record[1])
@@ -1087,7 +1091,7 @@ def dedup(
 @click.option(
     "--text",
     default=None,
-    help="The query document itself (in the locale's encoding unless --encoding is given).",
+    help="The query document itself (bytes the locale cannot decode: see --encoding).",
 )
 @click.option(
     "--file",
@@ -1108,7 +1112,8 @@ def dedup(
     "--encoding",
     default="utf-8",
     show_default=True,
-    help="Encoding of --file; when given, also of the bytes of --text.",
+    help="Encoding of --file, --jsonl and --exact; given, also of --text's bytes that "
+    "the locale cannot decode.",
 )
 @click.option("--threshold", type=float, default=None, help="Minimum score (store default).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Matches per query.")
@@ -1153,6 +1158,9 @@ def query(
     if sum(value is not None for _, value in options) != 1:
         raise click.UsageError("give exactly one of --text, --file or --jsonl")
     failed: list[ingest.Failure] = []
+    if jsonl is not None or exact_source is not None:  # JSON lines, read in --encoding
+        check_encoding(encoding)
+        ingest.check_lines_encoding(encoding)
     if text is not None:
         given = click.get_current_context().get_parameter_source("encoding")
         explicit = None if given is ParameterSource.DEFAULT else encoding
@@ -1164,10 +1172,11 @@ def query(
         ]
     else:
         assert jsonl is not None
-        queries, failed = _read_jsonl(jsonl, id_field, text_field)
+        queries, failed = _read_jsonl(jsonl, id_field, text_field, encoding)
     exact = None
     if exact_source is not None:
-        exact = _source_texts(*_read_jsonl(exact_source, id_field, text_field), exact_source)
+        read = _read_jsonl(exact_source, id_field, text_field, encoding)
+        exact = _source_texts(*read, exact_source)
     results: list[list[Match]] = []
     answered: list[_Query] = []
     with (

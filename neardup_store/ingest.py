@@ -275,15 +275,15 @@ def read_inputs(
     """
     check_encoding(encoding)
     if jsonl:
-        _check_lines_encoding(encoding)
+        check_lines_encoding(encoding)
     if isinstance(include, str):
         include = (include,)
     return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)
 
 
-def _check_lines_encoding(encoding: str) -> None:
-    """Refuse a codec (a text one, :func:`check_encoding`) that JSON lines cannot be
-    read in: lines are cut at the byte 0x0a.
+def check_lines_encoding(encoding: str) -> None:
+    """Refuse a codec that JSON lines cannot be read in: lines are cut at the byte 0x0a.
+    (``encoding`` is a text codec already: :func:`check_encoding`.)
 
     Raises:
         InvalidParameterError: ``encoding`` writes a newline otherwise (UTF-16), or reads
@@ -482,7 +482,7 @@ def _read_stream(
     try:
         yield Record(path_key(name), decode_text(data, encoding), None, shown, file=shown)
     except UnicodeError as err:
-        reason = _decode_reason(err, encoding, PASS_ENCODING)
+        reason = decode_reason(err, encoding, PASS_ENCODING)
         yield Failure(shown, reason, shown, error=type(err).__name__)
 
 
@@ -525,7 +525,8 @@ CONVERT_TO_UTF8 = "convert the file to UTF-8 (for a Latin-1 file: iconv -f LATIN
 default."""
 
 
-def _decode_reason(err: UnicodeError, encoding: str, advice: str) -> str:
+def decode_reason(err: UnicodeError, encoding: str, advice: str) -> str:
+    """Why input did not decode in ``encoding``, and ``advice`` on what to do."""
     if isinstance(err, UnicodeDecodeError):
         return f"not valid {encoding} at byte {err.start} ({err.reason}); {advice}"
     return f"not valid {encoding} ({err}); {advice}"  # idna, punycode
@@ -558,7 +559,7 @@ def parse_line(
     try:
         obj = json_object(raw.decode(encoding))
     except UnicodeError as err:
-        return failure(_decode_reason(err, encoding, decode_advice), type(err).__name__)
+        return failure(decode_reason(err, encoding, decode_advice), type(err).__name__)
     if isinstance(obj, tuple):
         return failure(*obj)
     missing = [f for f in (id_field, text_field) if f not in obj]
@@ -1370,7 +1371,7 @@ def check_dedup_paths(
     Raises:
         InvalidParameterError: the threshold is invalid, ``encoding`` is no text codec
             or one JSON lines cannot be read in (UTF-16, UTF-7:
-            :func:`_check_lines_encoding`), the input is not a regular file (a resume
+            :func:`check_lines_encoding`), the input is not a regular file (a resume
             seeks in it) or its start cannot be read (no permission, an I/O
             error), an output's directory does not exist, an output is no
             regular file (a resume cuts it back), or an output would destroy a file the
@@ -1412,7 +1413,7 @@ def _checked_job(
     if fields["threshold"] is not None:
         fields = {**fields, "threshold": valid_threshold(fields["threshold"])}
     check_encoding(fields["encoding"])
-    _check_lines_encoding(fields["encoding"])
+    check_lines_encoding(fields["encoding"])
     # Recorded by the codec's own name: "latin-1" and "ISO-8859-1" are one job's.
     fields = {**fields, "encoding": codecs.lookup(fields["encoding"]).name}
     paths = [real_path(p) for p in (input_jsonl_path, keep_path, dropped_path)]

@@ -322,7 +322,8 @@ def test_query_jsonl_reports_each_bad_line_and_answers_the_rest(
         f"  failed: {queries}:5: expected a JSON object, got list",
         f"  failed: {queries}:6: missing field 'text'",
         f"  failed: {queries}:7: empty document",
-        f"  failed: {queries}:9: not valid UTF-8 at byte 25 (invalid continuation byte)",
+        f"  failed: {queries}:9: not valid utf-8 at byte 25 (invalid continuation byte); "
+        "pass the right encoding",
     ]
     only_bad = _run(runner, "query", store_path, "--jsonl", "-", input='{"text": ""}\n')
     assert only_bad.exit_code == 1
@@ -450,15 +451,57 @@ def test_query_text_bytes_are_decoded_with_an_explicit_encoding(
 def test_query_text_that_no_command_line_gives_is_refused_with_encoding(
     runner: CliRunner, latin1_store: Path
 ) -> None:
-    """A str with a lone surrogate no argv decoding makes (code calling the CLI) has no
-    bytes for --encoding to decode: one error line, no traceback."""
-    result = _run(runner, "query", latin1_store, "--text", "caf\ud800", "--encoding", "latin-1")
+    """A str with an escaped byte and a lone surrogate no argv decoding makes (code
+    calling the CLI) has no bytes for --encoding to decode: one error line, no
+    traceback."""
+    text = "caf\ud800" + os.fsdecode(b"\xe9")
+    result = _run(runner, "query", latin1_store, "--text", text, "--encoding", "latin-1")
     assert result.exit_code == 2
     assert result.output == (
         f"Error: --text: holds characters that are not {sys.getfilesystemencoding()} text "
         "from the command line, so it has no bytes to decode; pass the text in a file with "
         "--file\n"
     )
+
+
+def test_query_text_the_locale_decoded_is_taken_as_given_with_encoding(
+    runner: CliRunner, latin1_store: Path
+) -> None:
+    """--encoding also names the encoding of --exact's file: a --text the locale decoded
+    is taken as given, not decoded again with it (which turned UTF-8 text into another
+    text), and only bytes the locale could not decode are (review 57)."""
+    source = latin1_store.parent / "exact.latin1.jsonl"
+    source.write_bytes(
+        (json.dumps({"id": "latin", "text": _LATIN1_TEXT}, ensure_ascii=False) + "\n").encode(
+            "latin-1"
+        )
+    )
+    args = ["query", latin1_store, "--text", _LATIN1_TEXT, "--exact", source, "--json"]
+    found = _run(runner, *args, "--encoding", "latin-1")
+    assert found.exit_code == 0, found.output
+    assert _jsonl(found.output) == [{"query": "text", "key": "latin", "score": 1.0, "exact": 1.0}]
+    bogus = _run(runner, "query", latin1_store, "--text", _LATIN1_TEXT, "--encoding", "bogus")
+    assert bogus.exit_code == 2 and "encoding='bogus' is not valid" in bogus.output
+
+
+def test_query_jsonl_reads_its_file_in_the_encoding_given(
+    runner: CliRunner, latin1_store: Path
+) -> None:
+    """query --jsonl read UTF-8 only and ignored --encoding, failing every Latin-1 line
+    with no advice (review 57); UTF-16 is refused as for add --jsonl."""
+    queries = latin1_store.parent / "queries.latin1.jsonl"
+    line = json.dumps({"id": "q", "text": _LATIN1_TEXT}, ensure_ascii=False) + "\n"
+    queries.write_bytes(line.encode("latin-1"))
+    found = _run(
+        runner, "query", latin1_store, "--jsonl", queries, "--encoding", "latin-1", "--json"
+    )
+    assert found.exit_code == 0, found.output
+    assert _jsonl(found.output) == [{"query": "q", "key": "latin", "score": 1.0}]
+    unread = _run(runner, "query", latin1_store, "--jsonl", queries, "--json")
+    assert unread.exit_code == 1
+    assert "not valid utf-8 at byte" in unread.output and "pass the right encoding" in unread.output
+    refused = _run(runner, "query", latin1_store, "--jsonl", queries, "--encoding", "utf-16")
+    assert refused.exit_code == 2 and "0x0a" in refused.output
 
 
 def test_query_text_with_undecodable_bytes_in_a_real_process(latin1_store: Path) -> None:
