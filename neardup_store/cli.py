@@ -1159,7 +1159,6 @@ def query(
         raise click.UsageError("give exactly one of --text, --file or --jsonl")
     failed: list[ingest.Failure] = []
     if jsonl is not None or exact_source is not None:  # JSON lines, read in --encoding
-        check_encoding(encoding)
         ingest.check_lines_encoding(encoding)
     if text is not None:
         given = click.get_current_context().get_parameter_source("encoding")
@@ -1769,19 +1768,13 @@ def _partial_output_note(out: str, local_out: Path | None, fresh: bool) -> str |
     while the inputs were listed, before the job checked ``--out``, must not send anyone
     to delete an earlier run's output). A remote URI is not looked at (its file system is
     Spark's, which the interrupt stops): once checked, it may hold part of the output."""
-    if not fresh:
+    if not fresh or (local_out is not None and not _holds_files(local_out)):
         return None
-    if local_out is None:
-        return (
-            f"{out} may hold part of the output: delete it before running again (a run "
-            "needs a new or empty directory)"
-        )
-    if _holds_files(local_out):
-        return (
-            f"{out} holds part of the output: delete it before running again (a run "
-            "needs a new or empty directory)"
-        )
-    return None
+    holds = "may hold" if local_out is None else "holds"
+    return (
+        f"{out} {holds} part of the output: delete it before running again (a run needs a "
+        "new or empty directory)"
+    )
 
 
 _master_option = click.option(

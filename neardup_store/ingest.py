@@ -273,23 +273,23 @@ def read_inputs(
             newline is not the byte 0x0a alone, such as UTF-16 or UTF-7 (raised by this
             call, before anything is read, not by the iteration).
     """
-    check_encoding(encoding)
-    if jsonl:
-        check_lines_encoding(encoding)
+    (check_lines_encoding if jsonl else check_encoding)(encoding)
     if isinstance(include, str):
         include = (include,)
     return _read_inputs(paths, include, jsonl, id_field, text_field, encoding)
 
 
 def check_lines_encoding(encoding: str) -> None:
-    """Refuse a codec that JSON lines cannot be read in: lines are cut at the byte 0x0a.
-    (``encoding`` is a text codec already: :func:`check_encoding`.)
+    """Refuse what :func:`check_encoding` refuses, and a codec that JSON lines cannot be
+    read in: lines are cut at the byte 0x0a.
 
     Raises:
-        InvalidParameterError: ``encoding`` writes a newline otherwise (UTF-16), or reads
-            ASCII bytes as something else (UTF-7's ``+AAo-``, raw_unicode_escape's
-            ``\\u000a`` are a newline: a kept line written back in UTF-8 became two).
+        InvalidParameterError: ``encoding`` is no text codec, writes a newline otherwise
+            (UTF-16), or reads ASCII bytes as something else (UTF-7's ``+AAo-``,
+            raw_unicode_escape's ``\\u000a`` are a newline: a kept line written back in
+            UTF-8 became two).
     """
+    check_encoding(encoding)
     if not (_newline_is_one_byte(encoding) and _ascii_is_ascii(encoding)):
         raise InvalidParameterError(
             "encoding",
@@ -1194,9 +1194,7 @@ def dedup(
             names the file and says that the batches before it are committed.
     """
     check_batch_size(batch_size, allow_auto=False)
-    fields = {
-        "id_field": id_field, "text_field": text_field, "threshold": threshold, "encoding": encoding
-    }  # fmt: skip
+    fields = _job_fields(id_field, text_field, threshold, encoding)
     paths, job, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store.path, fields)
     threshold = job["threshold"]
     sidecar = progress_path(keep_path)
@@ -1381,9 +1379,7 @@ def check_dedup_paths(
             ``store_path``: a run would create a new, empty one and keep again what the
             lost store held.
     """
-    fields = {
-        "id_field": id_field, "text_field": text_field, "threshold": threshold, "encoding": encoding
-    }  # fmt: skip
+    fields = _job_fields(id_field, text_field, threshold, encoding)
     paths, _, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store_path, fields)
     if (
         state is not None
@@ -1401,6 +1397,15 @@ def check_dedup_paths(
     return paths
 
 
+def _job_fields(
+    id_field: str, text_field: str, threshold: float | None, encoding: str
+) -> dict[str, Any]:
+    """The arguments of a :func:`dedup` job that its progress file records, besides its
+    paths (checked by :func:`_checked_job`)."""
+    return {"id_field": id_field, "text_field": text_field, "threshold": threshold,
+            "encoding": encoding}  # fmt: skip
+
+
 def _checked_job(
     input_jsonl_path: str | os.PathLike[str],
     keep_path: str | os.PathLike[str],
@@ -1412,7 +1417,6 @@ def _checked_job(
     and the progress file's state, if there is one, refused if it records another job."""
     if fields["threshold"] is not None:
         fields = {**fields, "threshold": valid_threshold(fields["threshold"])}
-    check_encoding(fields["encoding"])
     check_lines_encoding(fields["encoding"])
     # Recorded by the codec's own name: "latin-1" and "ISO-8859-1" are one job's.
     fields = {**fields, "encoding": codecs.lookup(fields["encoding"]).name}

@@ -472,25 +472,19 @@ def _move_into(building: Path, target: Path) -> None:
         InvalidParameterError: ``target`` is no longer a new or empty directory, or
             cannot be written.
     """
-    taken = InvalidParameterError(
-        "path",
-        str(target),
-        "a new or empty directory until the load ends (something was put there while it "
-        "ran, which is left as it is; load again into another path)",
-    )
     try:
         held = os.listdir(target)  # looked at again now: the load took its time
     except FileNotFoundError:
         held = None
     except OSError as err:
-        raise taken if err.errno in _CHANGED else _unwritable(target, err) from None
+        raise _refused(target, err) from None
     if held:
-        raise taken
+        raise _refused(target)
     if held is None:
         try:
             building.rename(target)  # over a directory made meanwhile only if it is empty
         except OSError as err:
-            raise taken if err.errno in _CHANGED else _unwritable(target, err) from None
+            raise _refused(target, err) from None
         return
     moved: list[str] = []
     try:
@@ -498,7 +492,7 @@ def _move_into(building: Path, target: Path) -> None:
             try:
                 _place(building / name, target / name)
             except OSError as err:
-                raise taken if err.errno in _CHANGED else _unwritable(target, err) from None
+                raise _refused(target, err) from None
             moved.append(name)
     except BaseException:
         for name in moved:
@@ -536,10 +530,18 @@ def _place(source: Path, destination: Path) -> None:
         raise
 
 
-def _unwritable(target: Path, err: OSError) -> InvalidParameterError:
-    """A move into ``target`` that failed for a reason of its own (permissions, a
-    read-only file system), said of ``target``: the error's own file name is the load's
-    temporary copy, deleted right after."""
+def _refused(target: Path, err: OSError | None = None) -> InvalidParameterError:
+    """Why the loaded store cannot be moved into ``target``: it changed while the load
+    ran (no ``err``, or one of :data:`_CHANGED`), or it cannot be written, said of
+    ``target`` (the error's own file name is the load's temporary copy, deleted right
+    after)."""
+    if err is None or err.errno in _CHANGED:
+        return InvalidParameterError(
+            "path",
+            str(target),
+            "a new or empty directory until the load ends (something was put there while "
+            "it ran, which is left as it is; load again into another path)",
+        )
     return InvalidParameterError(
         "path",
         str(target),
