@@ -1,11 +1,17 @@
-"""Compiled loops for the three hot passes of signing text.
+"""Compiled loops for the hot passes of signing text.
 
 Profiles of the numpy versions (``tools/README.md``, "Where the time goes") showed that
 signing spent most of its time in passes that numpy can only express as several
-whole-array operations each: collapsing white space (done per document by ``str.split``
-and ``str.join``), hashing every character window, and taking each OPH bin's minimum
-(``np.minimum.at``). Each is one loop here, compiled by numba to machine code, so a
-batch is read once per pass instead of once per array operation.
+whole-array operations each: folding and collapsing white space (``str.casefold``,
+``str.split`` and ``str.join`` per document), hashing every character window, and taking
+each OPH bin's minimum (``np.minimum.at``). Each is one loop here, compiled by numba to
+machine code, so a batch is read once per pass instead of once per array operation:
+
+* :func:`_table_fold_length` checks that a text may be folded by table, and
+  :func:`_fold_spaces` folds it and applies the white-space rules (:mod:`.foldtables`
+  says why the tables give exactly NFKC and casefold);
+* :func:`_char_windows` hashes the character windows, straight into the OPH bins when a
+  signature is all that is wanted; :func:`_oph_bins` bins hashes given by a caller.
 
 The loops compute exactly the values of the definitions they replace (the
 readable rules in :mod:`.text` and the prefix-sum spans of
@@ -42,59 +48,178 @@ Hashes = npt.NDArray[np.uint64]
 _U32_MASK = np.uint64(0xFFFFFFFF)
 
 
-def _normalise_spaces(
-    codes: Codes, bounds: Bounds, is_space: npt.NDArray[np.bool_], collapse: bool, strip: bool
-) -> Bounds:
-    """White-space rules of :func:`.text.normalize` on the code points of a batch, in place.
+# Bits of an entry of a fold table (:func:`.foldtables.fold_tables`).
+COLLAPSE_FLAG = 1 << 31
+"""White space that the collapse step turns, with the rest of its run, into one U+0020
+(set only when that step is on)."""
+SPACE_FLAG = 1 << 30
+"""White space (what the strip step removes)."""
+UNFOLDABLE_FLAG = 1 << 29
+"""The table cannot give the code point's fold: a text holding it is folded by Python."""
+EXPANDS_FLAG = 1 << 28
+"""The fold is several code points: the low bits are where it starts in the pool."""
+FOLD_MASK = (1 << 21) - 1
+"""The code point XOR its fold (0: kept as it is), or a pool offset."""
 
-    ``strip`` drops the white space at both ends of each document, ``collapse`` turns
-    each remaining run into one U+0020. Returns the new document bounds; the codes move
-    towards the front (a write never passes the read), so ``codes[:bounds[-1]]`` is the
-    result.
+# Bits of an entry of the NFKC checks table (:func:`.foldtables.nfkc_checks`).
+CLASS_MASK = 0xFF
+"""The canonical combining class."""
+QUICK_CHECK_NO = 1 << 8
+"""NFKC changes the code point on its own."""
+QUICK_CHECK_MAYBE = 1 << 9
+"""The code point may compose with what precedes it."""
+CUT_BEFORE = 1 << 10
+"""NFKC may cut any text before the code point."""
+
+
+def _table_fold_length(
+    codes: Codes,
+    table: npt.NDArray[np.uint32],
+    checks: npt.NDArray[np.uint32],
+    pool: npt.NDArray[np.uint32],
+    check_nfkc: bool,
+) -> int:
+    """The length of the text's fold by ``table`` (row 1 of the fold tables), or -1 where
+    that is not :func:`.text.fold` of the text: a code point is unfoldable or, with
+    ``check_nfkc``, its NFKC is not the concatenation of its code points' NFKC. That is
+    the quick check's "yes" (no "maybe", classes of non-starters in order), except that a
+    code point NFKC changes on its own is allowed where NFKC may cut before it and before
+    the next code point (:mod:`.foldtables`)."""
+    last = np.uint32(len(table) - 1)
+    plain = np.uint32(CUT_BEFORE)  # the checks of a starter NFKC keeps and may cut before
+    special = np.uint32(UNFOLDABLE_FLAG | EXPANDS_FLAG)
+    length = 0
+    previous_class = np.uint32(0)
+    cut_needed = False
+    for i in range(len(codes)):
+        index = min(codes[i], last)
+        entry = table[index]
+        check = checks[index] if check_nfkc else plain
+        if check == plain and not entry & special:  # the common case, one test
+            length += 1
+            previous_class = np.uint32(0)
+            cut_needed = False
+            continue
+        if entry & np.uint32(UNFOLDABLE_FLAG):
+            return -1
+        if check_nfkc:
+            cut_here = check & np.uint32(CUT_BEFORE) != 0
+            klass = check & np.uint32(CLASS_MASK)
+            if check & np.uint32(QUICK_CHECK_MAYBE) or (cut_needed and not cut_here):
+                return -1
+            if klass != 0 and previous_class > klass:
+                return -1
+            cut_needed = check & np.uint32(QUICK_CHECK_NO) != 0
+            if cut_needed and not cut_here:
+                return -1
+            previous_class = klass
+        length += pool[entry & np.uint32(FOLD_MASK)] if entry & np.uint32(EXPANDS_FLAG) else 1
+    return length
+
+
+FOLDED, TABLE_FOLD, TABLE_FOLD_EXPANDING = 0, 1, 2
+"""How :func:`_fold_spaces` reads a document: folded already, to fold by table, to fold by
+table where some code points fold into several."""
+
+
+def _fold_spaces(
+    codes: Codes,
+    bounds: Bounds,
+    tables: npt.NDArray[np.uint32],
+    pool: npt.NDArray[np.uint32],
+    modes: npt.NDArray[np.uint8],
+    strip: bool,
+    out: Codes,
+) -> Bounds:
+    """The per-character fold and the white-space rules of :func:`.text.normalize` on the
+    code points of a batch, written to ``out``; returns where each document starts there
+    (then the end).
+
+    Document ``doc`` is read as ``modes[doc]`` says, with row 1 of ``tables`` to fold
+    (texts that :func:`_table_fold_length` vouched for) or row 0, which only tells white
+    space (texts folded already). A code point ``c`` is described by
+    ``table[min(c, len(table) - 1)]``: its flags, and the bits that XOR ``c`` into its
+    fold, or where its fold starts in ``pool`` (length first). With ``strip``, the white
+    space at both ends of each document is dropped; each remaining run of
+    :data:`COLLAPSE_FLAG` code points becomes one U+0020.
+
+    Written for the compiler: XOR and flag bits instead of choices, and unsigned indices
+    (numba adds a wrap-around check to each signed one), so that the loop is a dozen
+    instructions without a branch that depends on the text: white space is too frequent
+    to predict. Only documents with folds into several code points test for them (the
+    test is the same in every pass of the loop, so the compiler makes two loops).
     """
-    out = codes
+    last = np.uint32(tables.shape[1] - 1)
     out_bounds = np.empty(len(bounds), dtype=np.int64)
-    last = np.uint32(len(is_space) - 1)
-    n = 0
+    n = np.uint64(0)
     out_bounds[0] = 0
     for doc in range(len(bounds) - 1):
         lo, hi = bounds[doc], bounds[doc + 1]
+        table = tables[np.uint64(min(modes[doc], TABLE_FOLD))]
+        expanding = modes[doc] == TABLE_FOLD_EXPANDING
         if strip:
-            while lo < hi and is_space[min(codes[lo], last)]:
+            while lo < hi and table[min(codes[lo], last)] & np.uint32(SPACE_FLAG):
                 lo += 1
-            while hi > lo and is_space[min(codes[hi - 1], last)]:
+            while hi > lo and table[min(codes[hi - 1], last)] & np.uint32(SPACE_FLAG):
                 hi -= 1
-        in_run = False
-        for i in range(lo, hi):  # branch-free: white space is too frequent to predict
-            code = codes[i]
-            space = collapse and is_space[min(code, last)]
-            out[n] = np.uint32(32) if space else code
-            n += not (space and in_run)
+        text = codes[lo:hi]
+        in_run = np.uint32(0)
+        for i in range(len(text)):
+            code = text[i]
+            entry = table[min(code, last)]
+            if expanding and entry & np.uint32(EXPANDS_FLAG):
+                start = np.uint64(entry & np.uint32(FOLD_MASK))
+                for j in range(np.uint64(1), np.uint64(pool[start]) + np.uint64(1)):
+                    out[n] = pool[start + j]
+                    n += np.uint64(1)
+                in_run = np.uint32(0)
+                continue
+            space = entry >> np.uint32(31)
+            out[n] = np.uint32(32) if space else code ^ (entry & np.uint32(FOLD_MASK))
+            n += np.uint64(1 - (space & in_run))
             in_run = space
         out_bounds[doc + 1] = n
     return out_bounds
 
 
-def _char_shingle_hashes(
+WINDOW_BLOCK = 256
+"""Windows hashed together: a block's values stay in the CPU's first-level cache."""
+DIRECT_WIDTH_LIMIT = 16
+"""Windows at most this wide are summed term by term, wider ones rolled (see below)."""
+
+
+def _char_windows(
     codes: Codes,
     bounds: Bounds,
-    offsets: Bounds,
     width: int,
     key: np.uint64,
     base: np.uint64,
     base_inv: np.uint64,
     length_mult: np.uint64,
+    offsets: Bounds,
     out: Hashes,
-) -> None:
-    """Hash of every ``width``-character window of each document, in order.
+    num_bins: int,
+    empty: np.uint64,
+) -> Hashes:
+    """Hash every ``width``-character window of each document, in order, and either write
+    the hashes to ``out`` (document ``d`` at ``out[offsets[d]:offsets[d + 1]]``) or, when
+    ``num_bins`` is positive, keep only each OPH bin's minimum.
 
     The value of a window is :func:`.hashing.span_hashes` of it: the polynomial
     ``sum(codes[j] * base**(j - start))`` modulo 2**64, plus ``length * length_mult``
-    and ``key``, finished with MurmurHash3's fmix64. Consecutive windows are rolled in
-    O(1) (``base`` is odd, so it has the inverse ``base_inv``). A document shorter than
-    ``width`` has one shingle, its whole text, hashed the same way with its own length.
-    Document ``d`` writes ``out[offsets[d]:offsets[d + 1]]``.
+    and ``key``, finished with MurmurHash3's fmix64. A document shorter than ``width``
+    has one shingle, its whole text, hashed the same way with its own length.
+
+    Windows go in blocks of :data:`WINDOW_BLOCK`. Up to :data:`DIRECT_WIDTH_LIMIT`
+    characters wide, a block's polynomials are summed one term at a time over the whole
+    block: each step is independent across windows, so the compiler runs it on several
+    windows per instruction, which is several times faster than rolling. Wider windows
+    are rolled in O(1) each (``base`` is odd, so it has the inverse ``base_inv``),
+    keeping the cost linear in the text whatever the width. The bins are as
+    :func:`_oph_bins` makes them, ``len(bounds) - 1`` rows of ``num_bins``.
     """
+    bins = np.full((len(bounds) - 1) * max(num_bins, 0), empty, dtype=np.uint64)
+    block = np.empty(WINDOW_BLOCK, dtype=np.uint64)
     top = np.uint64(1)
     for _ in range(width - 1):
         top *= base
@@ -103,25 +228,47 @@ def _char_shingle_hashes(
         span = min(width, hi - lo)
         if span == 0:
             continue
-        raw = np.uint64(0)
-        power = np.uint64(1)
-        for j in range(lo, lo + span):
-            raw += np.uint64(codes[j]) * power
-            power *= base
         addend = np.uint64(span) * length_mult + key
-        slot = offsets[doc]
-        for start in range(lo, hi - span + 1):
-            if start > lo:
-                raw = (raw - np.uint64(codes[start - 1])) * base_inv
-                raw += np.uint64(codes[start + span - 1]) * top
-            x = raw + addend
-            x ^= x >> np.uint64(33)
-            x *= FMIX_C1
-            x ^= x >> np.uint64(33)
-            x *= FMIX_C2
-            x ^= x >> np.uint64(33)
-            out[slot] = x
-            slot += 1
+        end = hi - span + 1  # windows start in [lo, end)
+        raw = np.uint64(0)
+        for first in range(lo, end, WINDOW_BLOCK):
+            m = min(WINDOW_BLOCK, end - first)
+            acc = block[:m] if num_bins > 0 else out[offsets[doc] + first - lo :][:m]
+            text = codes[first : first + m + span - 1]
+            if span <= DIRECT_WIDTH_LIMIT:
+                for i in range(m):
+                    acc[i] = np.uint64(text[i])
+                power = np.uint64(1)
+                for j in range(1, span):
+                    power *= base
+                    for i in range(m):
+                        acc[i] += np.uint64(text[i + j]) * power
+            else:
+                for i in range(m):
+                    start = first + i
+                    if start == lo:
+                        raw, power = np.uint64(0), np.uint64(1)
+                        for j in range(lo, lo + span):
+                            raw += np.uint64(codes[j]) * power
+                            power *= base
+                    else:
+                        raw = (raw - np.uint64(codes[start - 1])) * base_inv
+                        raw += np.uint64(codes[start + span - 1]) * top
+                    acc[i] = raw
+            for i in range(m):
+                x = acc[i] + addend
+                x ^= x >> np.uint64(33)
+                x *= FMIX_C1
+                x ^= x >> np.uint64(33)
+                x *= FMIX_C2
+                x ^= x >> np.uint64(33)
+                acc[i] = x
+            if num_bins > 0:
+                row = bins[doc * num_bins : (doc + 1) * num_bins]
+                for i in range(m):  # no branch: a few percent of the values are new minima
+                    slot = ((acc[i] >> np.uint64(32)) * np.uint64(num_bins)) >> np.uint64(32)
+                    row[slot] = min(row[slot], acc[i] & _U32_MASK)
+    return bins
 
 
 def _oph_bins(hashes: Hashes, offsets: Bounds, num_perm: int, empty: np.uint64) -> Hashes:
@@ -178,8 +325,9 @@ def compiled() -> Any:
     """The loops above as numba functions (compiled, or loaded from the disk cache)."""
     return compile_loops(
         {
-            "normalise_spaces": _normalise_spaces,
-            "char_shingle_hashes": _char_shingle_hashes,
+            "fold_spaces": _fold_spaces,
+            "table_fold_length": _table_fold_length,
+            "char_windows": _char_windows,
             "oph_bins": _oph_bins,
         }
     )

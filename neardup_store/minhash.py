@@ -265,12 +265,28 @@ class MinHasher:
         parts = [
             streamed.signature(self, docs[lo], encoding, lo)[None, :]
             if hi - lo == 1 and streamed.streams(self.config.shingles, docs[lo])
-            else self._signatures_from_hashes(self.shingler._hash_batch(docs[lo:hi], encoding, lo))
+            else self._signatures_of_texts(docs[lo:hi], encoding, lo)
             for lo, hi in _chunks(docs)
         ]
         if not parts:
             return np.empty((0, self.num_perm), dtype=np.uint32)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _signatures_of_texts(
+        self, documents: list[object], encoding: str | None, start_index: int
+    ) -> npt.NDArray[np.uint32]:
+        """Signatures of a chunk of documents. OPH over a set of character shingles bins
+        each window's hash as it is made (the common case, and the fastest: no shingle
+        hash is stored); the rest sign :meth:`.Shingler.hash_batch`'s hashes."""
+        shingles = self.config.shingles
+        if self.config.scheme == "oph" and shingles.kind == "char" and not shingles.bag:
+            bins, has_shingles = self.shingler._window_bins(
+                documents, encoding, start_index, self.num_perm, _EMPTY_BIN
+            )
+            return self._oph_finish(bins, has_shingles)
+        return self._signatures_from_hashes(
+            self.shingler._hash_batch(documents, encoding, start_index)
+        )
 
     def signatures_from_hashes(self, batch: ShingleBatch) -> npt.NDArray[np.uint32]:
         """Signatures from precomputed 64-bit shingle hashes (one row per document).

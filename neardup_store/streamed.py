@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from .foldtables import composition_seconds
 from .text import _WHITESPACE_RUN, ShingleConfig, Shingler, as_text
 
 if TYPE_CHECKING:
@@ -69,10 +70,6 @@ PIECE_CHARACTERS = 1 << 18
 
 _ASCII = re.compile(r"[\x00-\x7f]")
 _SPACE = re.compile(r"\s")
-_HANGUL_JOINING_JAMO = (range(0x1161, 0x1176), range(0x11A8, 0x11C3))
-"""Medial vowels and final consonants: they compose with a preceding Hangul leading
-consonant or LV syllable by rule (the Unicode Standard, section 3.12), with no entry in
-the decomposition data."""
 
 
 def length(document: object) -> int | None:
@@ -123,11 +120,7 @@ def _cut_before() -> re.Pattern[str]:
     a scan of every code point (about a second), so only a long document without ASCII
     near a wanted cut pays for it, once per process.
     """
-    joins_back = {code for block in _HANGUL_JOINING_JAMO for code in block}
-    for code in range(sys.maxunicode + 1):
-        decomposition = unicodedata.decomposition(chr(code)).split()
-        if len(decomposition) == 2 and not decomposition[0].startswith("<"):
-            joins_back.add(int(decomposition[1], 16))
+    joins_back = composition_seconds()
     ranges: list[list[int]] = []
     for code in range(sys.maxunicode + 1):
         char = chr(code)

@@ -28,11 +28,12 @@ document becomes its own element (the shingle labelled with i), so MinHash estim
 bag similarity ``sum(min counts) / sum(max counts)``. The first occurrence keeps the plain
 shingle hash, so a document without repetitions has the same elements in both modes.
 
-Hashing is vectorised over a whole batch of documents: texts are encoded as UTF-32 code
-points into one array and every shingle is a span hashed by
-:func:`neardup_store.hashing.span_hashes` (no Python call per shingle). Words are hashed
-as spans of characters, and word shingles as spans of word hashes. ``HASH_VERSION`` names
-this algorithm; any change to it must bump the number.
+Hashing is vectorised over a whole batch of documents: texts are laid out as code points
+in one array, folded by table where that is exact (:mod:`.foldtables`), and every
+shingle is a span hashed as :func:`neardup_store.hashing.span_hashes` defines it, by the
+compiled loops of :mod:`.kernels` (no Python call per character or shingle). Words are
+hashed as spans of characters, and word shingles as spans of word hashes.
+``HASH_VERSION`` names this algorithm; any change to it must bump the number.
 
 Specification (``HASH_VERSION`` 1). ``span(codes, key)`` is the span hash,
 ``derive_keys`` and ``fmix64`` as :mod:`.hashing` specifies them, and ``word_key,
@@ -69,6 +70,7 @@ made in this order:
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import unicodedata
@@ -80,7 +82,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from . import kernels
+from . import foldtables, kernels
 from .errors import (
     BatchTypeError,
     DocumentError,
@@ -118,8 +120,8 @@ ENGLISH_STOP_WORDS: frozenset[str] = frozenset(
 """A built-in list of common English function words, used by the ``stopword`` kind."""
 
 _WHITESPACE_RUN = re.compile(r"\s+")
-# Code points for which str.isspace() holds; the largest is U+3000.
-_IS_SPACE = np.array([chr(c).isspace() for c in range(0x3001)] + [False], dtype=bool)
+_NO_OFFSETS = np.zeros(1, dtype=np.int64)
+_NO_HASHES = np.empty(0, dtype=np.uint64)
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ def _bounds(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 
 
 def _is_space(codes: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
-    return _IS_SPACE[np.minimum(codes, len(_IS_SPACE) - 1)]
+    return foldtables.IS_SPACE[np.minimum(codes, foldtables.TABLE_SIZE - 1)]
 
 
 def check_batch(
@@ -434,20 +436,7 @@ class Shingler:
         """:meth:`hash_batch` whose hashes may be this thread's scratch memory
         (:func:`.kernels.scratch`): for callers that are done with them before their next
         call."""
-        check_batch(documents)
-        first = integer(start_index)
-        if first is None or first < 0:
-            raise InvalidParameterError(
-                "start_index", start_index, "an integer >= 0: the number of the first document"
-            )
-        start_index = first
-        if encoding is not None:  # refused up front, even when every document is a str
-            check_encoding(encoding)
-        texts = [
-            fold(as_text(doc, encoding, index), self.config)
-            for index, doc in enumerate(documents, start_index)
-        ]
-        codes, doc_starts = self._normalised_codes(texts)
+        codes, doc_starts = self._normalised_batch(documents, encoding, start_index)
         if self.config.kind == "char":
             self._check_empty(np.diff(doc_starts), start_index)
             hashes, counts = self._char_shingles(codes, doc_starts)
@@ -456,11 +445,29 @@ class Shingler:
             self._check_empty(np.diff(word_bounds), start_index)
             starts, ends, owners = self._word_shingle_spans(words, word_bounds)
             hashes = span_hashes(words, starts, ends, self._shingle_key)
-            counts = np.bincount(owners, minlength=len(texts))
+            counts = np.bincount(owners, minlength=len(doc_starts) - 1)
         offsets = _bounds(counts)
         if self.config.bag:
             hashes = _label_repeats(hashes, offsets, self._bag_key)
         return ShingleBatch(hashes, offsets)
+
+    def _window_bins(
+        self,
+        documents: Iterable[object],
+        encoding: str | None,
+        start_index: int,
+        num_bins: int,
+        empty: np.uint64,
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
+        """For a set of ``char`` shingles: each OPH bin's minimum of every document's
+        shingle hashes (as :func:`.kernels._oph_bins` takes them from
+        :meth:`hash_batch`'s), taken as the windows are hashed, without storing a hash;
+        and which documents have shingles."""
+        codes, doc_starts = self._normalised_batch(documents, encoding, start_index)
+        lengths = np.diff(doc_starts)
+        self._check_empty(lengths, start_index)
+        bins = self._char_windows(codes, doc_starts, _NO_OFFSETS, _NO_HASHES, num_bins, empty)
+        return bins, lengths > 0
 
     def hash_document(
         self, document: object, encoding: str | None = None
@@ -471,21 +478,76 @@ class Shingler:
 
     # -- internals -------------------------------------------------------------------
 
+    def _normalised_batch(
+        self, documents: Iterable[object], encoding: str | None, start_index: int
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
+        """The checked documents of a batch as :meth:`_normalised_codes`."""
+        check_batch(documents)
+        first = integer(start_index)
+        if first is None or first < 0:
+            raise InvalidParameterError(
+                "start_index", start_index, "an integer >= 0: the number of the first document"
+            )
+        if encoding is not None:  # refused up front, even when every document is a str
+            check_encoding(encoding)
+        texts = [as_text(doc, encoding, index) for index, doc in enumerate(documents, first)]
+        return self._normalised_codes(texts)
+
+    @functools.cached_property
+    def _folding(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+        """The fold tables and pool of this configuration (built on first use, in about
+        10 ms: a store opened only to query by signature never needs them)."""
+        config = self.config
+        return foldtables.fold_tables(config.nfkc, config.casefold, config.collapse_whitespace)
+
     def _normalised_codes(
         self, texts: list[str]
     ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
-        """Code points of the folded texts after the white-space steps of :func:`normalize`,
-        and where each document starts (then the end)."""
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        """Code points of the texts after :func:`normalize`, and where each document
+        starts (then the end)."""
+        units = [self._code_units(text) for text in texts]
+        lengths = np.fromiter((len(codes) for codes, _, _ in units), np.int64, len(units))
         bounds = _bounds(lengths)
         codes = kernels.scratch("codes", int(bounds[-1]), np.uint32)
-        for text, start, end in zip(texts, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            codes[start:end] = _code_points(text)
-        collapse, strip = self.config.collapse_whitespace, self.config.strip
-        if collapse or strip:
-            bounds = kernels.compiled().normalise_spaces(codes, bounds, _IS_SPACE, collapse, strip)
-            codes = codes[: bounds[-1]]
-        return codes, bounds
+        for (unit_codes, _, _), start, end in zip(
+            units, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+        ):
+            codes[start:end] = unit_codes
+        modes = np.fromiter((mode for _, mode, _ in units), np.uint8, len(units))
+        folded = kernels.scratch("folded", sum(length for _, _, length in units), np.uint32)
+        tables, pool = self._folding
+        bounds = kernels.compiled().fold_spaces(
+            codes, bounds, tables, pool, modes, self.config.strip, folded
+        )
+        return folded[: bounds[-1]], bounds
+
+    def _code_units(self, text: str) -> tuple[npt.NDArray[np.unsignedinteger], int, int]:
+        """A text's code points, how the compiled pass is to read them (a mode of
+        :func:`.kernels._fold_spaces`: to fold with the fold tables of :mod:`.foldtables`,
+        or folded already) and the length of the folded text.
+
+        ASCII text is always folded by table, read one byte a character. Other text is
+        when :func:`.kernels._table_fold_length` vouches for it; failing its NFKC check
+        (a composing mark, say), when ``unicodedata.is_normalized`` (a quick check in C)
+        says NFKC leaves the text as it is, since ``casefold`` has no context. Any other
+        text is folded by :func:`fold` first: the tables only save time.
+        """
+        if text.isascii():
+            codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+            return codes, kernels.TABLE_FOLD, len(text)
+        codes = _code_points(text)
+        nfkc = self.config.nfkc
+        checks = foldtables.nfkc_checks() if nfkc else foldtables.NO_CHECKS
+        table, pool = self._folding[0][1], self._folding[1]
+        length = kernels.compiled().table_fold_length(codes, table, checks, pool, nfkc)
+        if length < 0 and nfkc and unicodedata.is_normalized("NFKC", text):
+            length = kernels.compiled().table_fold_length(codes, table, checks, pool, False)
+        if length == len(codes):
+            return codes, kernels.TABLE_FOLD, length
+        if length >= 0:
+            return codes, kernels.TABLE_FOLD_EXPANDING, length
+        codes = _code_points(fold(text, self.config))
+        return codes, kernels.FOLDED, len(codes)
 
     def _hash_words(self, words: Sequence[str]) -> npt.NDArray[np.uint64]:
         codes = _code_points("".join(words))
@@ -528,10 +590,22 @@ class Shingler:
         counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
         offsets = _bounds(counts)
         hashes = kernels.scratch("char shingles", int(offsets[-1]), np.uint64)
-        kernels.compiled().char_shingle_hashes(
-            codes, doc_starts, offsets, k, self._shingle_key, *SPAN_CONSTANTS, hashes
-        )
+        self._char_windows(codes, doc_starts, offsets, hashes, 0, np.uint64(0))
         return hashes, counts
+
+    def _char_windows(
+        self,
+        codes: npt.NDArray[np.uint32],
+        doc_starts: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+        hashes: npt.NDArray[np.uint64],
+        num_bins: int,
+        empty: np.uint64,
+    ) -> npt.NDArray[np.uint64]:
+        width, key = self.config.shingle_size, self._shingle_key
+        return kernels.compiled().char_windows(
+            codes, doc_starts, width, key, *SPAN_CONSTANTS, offsets, hashes, num_bins, empty
+        )
 
     def _word_shingle_spans(
         self, words: npt.NDArray[np.uint64], bounds: npt.NDArray[np.int64]

@@ -72,6 +72,40 @@ def test_a_batch_of_long_real_documents_matches_the_definition() -> None:
         assert np.array_equal(batch.document(i), _window_hashes_by_definition(text, shingler))
 
 
+def test_windows_on_both_sides_of_the_direct_width_limit_match_the_definition() -> None:
+    """Narrow windows are summed term by term over blocks of windows, wide ones rolled:
+    both, across many blocks, short documents and the empty one."""
+    rng = np.random.default_rng(11)
+    words = ["alpha", "béta", "\U0001d538x", "delta\t", "  ", "ζ", "\x00", "x" * 40]
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(0, 900, 12)]
+    texts += ["", "ab", "a" * (kernels.WINDOW_BLOCK + 1)]
+    limit, block = kernels.DIRECT_WIDTH_LIMIT, kernels.WINDOW_BLOCK
+    for size in sorted({1, 2, 5, limit, limit + 1, 40, block - 1, block + 7, 3000}):
+        shingler = Shingler(ShingleConfig(size=size, allow_empty=True), seed=size)
+        batch = shingler.hash_batch(texts)
+        for i, text in enumerate(texts):
+            expected = _window_hashes_by_definition(text, shingler)
+            assert np.array_equal(batch.document(i), expected), (size, i)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(_texts, min_size=1, max_size=8),
+    config=_configs,
+    num_perm=st.sampled_from([1, 7, 64, 128, 256]),
+    long_text=st.integers(0, 3000),
+)
+def test_signatures_binned_as_the_windows_are_hashed_equal_those_of_the_hashes(
+    texts: list[str], config: ShingleConfig, num_perm: int, long_text: int
+) -> None:
+    """Signing a set of character shingles bins each window's hash as it is made; that
+    must give the signatures of the stored hashes (signatures_from_hashes)."""
+    texts = [*texts, "a rose is a rose. " * (long_text // 18)]
+    hasher = MinHasher(MinHashConfig(num_perm=num_perm, shingles=config, seed=5))
+    expected = hasher.signatures_from_hashes(hasher.shingler.hash_batch(texts))
+    assert np.array_equal(hasher.signatures(texts), expected)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     counts=st.lists(st.integers(0, 300), min_size=1, max_size=12),
