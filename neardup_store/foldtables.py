@@ -138,6 +138,12 @@ def fold_tables(
         else:
             tables[1, code] = kernels.EXPANDS_FLAG | len(pool)
             pool += [len(folded), *map(ord, folded)]
+    # What kernels._fold_spaces assumes of ASCII (Unicode never changes it): white space
+    # is U+0009-U+000D and U+001C-U+0020, and folds add 32 to A-Z or nothing.
+    ascii_space = [chr(code).isspace() for code in range(128)]
+    assert ascii_space == [code in range(9, 14) or code in range(28, 33) for code in range(128)]
+    ascii_delta = [int(tables[1, code] & kernels.FOLD_MASK) for code in range(128)]
+    assert ascii_delta == [32 * (casefold and code in range(65, 91)) for code in range(128)]
     tables[1, -1] = kernels.UNFOLDABLE_FLAG if casefold else 0
     tables[:, IS_SPACE] |= np.uint32(
         kernels.SPACE_FLAG | (kernels.COLLAPSE_FLAG if collapse else 0)

@@ -534,7 +534,7 @@ class Shingler:
         """
         if text.isascii():
             codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
-            return codes, kernels.TABLE_FOLD, len(text)
+            return codes, kernels.ASCII_FOLD, len(text)
         codes = _code_points(text)
         nfkc = self.config.nfkc
         checks = foldtables.nfkc_checks() if nfkc else foldtables.NO_CHECKS

@@ -153,3 +153,21 @@ def test_the_folded_lengths_size_the_output_exactly() -> None:
         np.frombuffer(normalize("\u2026\u00df", _RAW).encode("utf-32-le"), "<u4"),
         shingler._normalised_codes(["\u2026\u00df"])[0],
     )
+
+
+@pytest.mark.parametrize("casefold", [True, False])
+@pytest.mark.parametrize("collapse", [True, False])
+@pytest.mark.parametrize("strip", [True, False])
+def test_ascii_text_takes_its_own_way_to_the_same_result(
+    casefold: bool, collapse: bool, strip: bool
+) -> None:
+    """ASCII documents are folded by comparisons instead of the table: every ASCII code
+    point, and every pair of them, must come out as normalize() says."""
+    config = ShingleConfig(
+        casefold=casefold, collapse_whitespace=collapse, strip=strip, allow_empty=True
+    )
+    every = "".join(map(chr, range(128)))
+    pairs = ["x" + chr(a) + chr(b) + "Y" for a in range(128) for b in range(128)]
+    texts = [every, every[::-1], f" {every}  {every}\t", *pairs]
+    assert all(text.isascii() for text in texts)
+    assert _compiled_folds(texts, config) == [normalize(text, config) for text in texts]
