@@ -523,10 +523,10 @@ class Shingler:
 
     def _code_units(self, text: str) -> tuple[npt.NDArray[np.unsignedinteger], int, int]:
         """A text's code points, how the compiled pass is to read them (a mode of
-        :func:`.kernels._fold_spaces`: to fold with the fold tables of :mod:`.foldtables`,
-        or folded already) and the length of the folded text.
+        :func:`.kernels._fold_spaces`: ASCII, to fold with the fold tables of
+        :mod:`.foldtables`, or folded already) and the length of the folded text.
 
-        ASCII text is always folded by table, read one byte a character. Other text is
+        ASCII text is always folded there, read one byte a character. Other text is
         when :func:`.kernels._table_fold_length` vouches for it; failing its NFKC check
         (a composing mark, say), when ``unicodedata.is_normalized`` (a quick check in C)
         says NFKC leaves the text as it is, since ``casefold`` has no context. Any other
