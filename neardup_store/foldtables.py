@@ -7,7 +7,7 @@ on its own, without context. The compiled pass (:func:`.kernels._fold_spaces`) t
 folds a text by looking each code point up, after a check (:func:`.kernels._table_fold_length`)
 that the lookup gives exactly ``fold(text)``; any text it cannot vouch for is folded by
 :func:`.text.fold` first, as before. Only code points below U+3001 are in the tables (the
-range of :data:`.text._IS_SPACE`); a text with any code point above is folded by Python.
+range of :data:`IS_SPACE`); a text with any code point above is folded by Python.
 
 Why the check is sufficient (the Unicode Standard, sections 3.11 and 3.12, and UAX #15):
 

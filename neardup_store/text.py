@@ -436,7 +436,7 @@ class Shingler:
         """:meth:`hash_batch` whose hashes may be this thread's scratch memory
         (:func:`.kernels.scratch`): for callers that are done with them before their next
         call."""
-        codes, doc_starts = self._normalised_batch(documents, encoding, start_index)
+        codes, doc_starts, start_index = self._normalised_batch(documents, encoding, start_index)
         if self.config.kind == "char":
             self._check_empty(np.diff(doc_starts), start_index)
             hashes, counts = self._char_shingles(codes, doc_starts)
@@ -463,7 +463,7 @@ class Shingler:
         shingle hashes (as :func:`.kernels._oph_bins` takes them from
         :meth:`hash_batch`'s), taken as the windows are hashed, without storing a hash;
         and which documents have shingles."""
-        codes, doc_starts = self._normalised_batch(documents, encoding, start_index)
+        codes, doc_starts, start_index = self._normalised_batch(documents, encoding, start_index)
         lengths = np.diff(doc_starts)
         self._check_empty(lengths, start_index)
         bins = self._char_windows(codes, doc_starts, _NO_OFFSETS, _NO_HASHES, num_bins, empty)
@@ -480,8 +480,9 @@ class Shingler:
 
     def _normalised_batch(
         self, documents: Iterable[object], encoding: str | None, start_index: int
-    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
-        """The checked documents of a batch as :meth:`_normalised_codes`."""
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64], int]:
+        """The checked documents of a batch as :meth:`_normalised_codes`, and the number of
+        the first as an ``int`` (a numpy integer would wrap around in error messages)."""
         check_batch(documents)
         first = integer(start_index)
         if first is None or first < 0:
@@ -491,7 +492,7 @@ class Shingler:
         if encoding is not None:  # refused up front, even when every document is a str
             check_encoding(encoding)
         texts = [as_text(doc, encoding, index) for index, doc in enumerate(documents, first)]
-        return self._normalised_codes(texts)
+        return *self._normalised_codes(texts), first
 
     @functools.cached_property
     def _folding(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:

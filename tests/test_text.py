@@ -433,6 +433,10 @@ def test_shingler_takes_numpy_seeds_and_checks_start_index() -> None:
     with pytest.raises(EmptyDocumentError, match="document #11") as raised:
         Shingler().hash_batch([text, " "], start_index=np.int64(10))
     assert raised.value.index == 11
+    # A small numpy integer is numbered as an int, not wrapped around (review 58).
+    with pytest.raises(EmptyDocumentError, match="document #128 ") as raised:
+        Shingler().hash_batch([text, " "], start_index=np.int8(127))
+    assert type(raised.value.index) is int and raised.value.index == 128
 
 
 @pytest.mark.parametrize("encoding", ["utf-8\x00", "\x00"])
