@@ -528,10 +528,11 @@ class Shingler:
         :mod:`.foldtables`, or folded already) and the length of the folded text.
 
         ASCII text is always folded there, read one byte a character. Other text is
-        when :func:`.kernels._table_fold_length` vouches for it; failing its NFKC check
-        (a composing mark, say), when ``unicodedata.is_normalized`` (a quick check in C)
-        says NFKC leaves the text as it is, since ``casefold`` has no context. Any other
-        text is folded by :func:`fold` first: the tables only save time.
+        when :func:`.kernels._table_fold_length` vouches for it. Failing its NFKC check (a
+        composing mark, say), the text is put in NFKC by ``unicodedata`` (in C) and its
+        casefold is taken by table: a code point of NFKC's output is its own NFKC, and
+        ``casefold`` has no context. Any other text (above U+3000 under ``casefold``) is
+        folded by :func:`fold`: the tables only save time.
         """
         if text.isascii():
             codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
@@ -541,7 +542,10 @@ class Shingler:
         checks = foldtables.nfkc_checks() if nfkc else foldtables.NO_CHECKS
         table, pool = self._folding[0][1], self._folding[1]
         length = kernels.compiled().table_fold_length(codes, table, checks, pool, nfkc)
-        if length < 0 and nfkc and unicodedata.is_normalized("NFKC", text):
+        if length < 0 and nfkc:
+            normalized = unicodedata.normalize("NFKC", text)
+            if normalized is not text:  # the same object when it was in NFKC already
+                text, codes = normalized, _code_points(normalized)
             length = kernels.compiled().table_fold_length(codes, table, checks, pool, False)
         if length == len(codes):
             return codes, kernels.TABLE_FOLD, length
