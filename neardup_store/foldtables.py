@@ -5,10 +5,11 @@ cost more than all of the shingling and hashing together on text that is not ASC
 such text needs little of it: NFKC leaves it as it is, and ``casefold`` maps each code point
 on its own, without context. The compiled pass (:func:`.kernels._fold_spaces`) therefore
 folds a text by looking each code point up, after a check (:func:`.kernels._table_fold_length`)
-that the lookup gives exactly ``fold(text)``; any text it cannot vouch for is folded by
-:func:`.text.fold` first, as before. Only code points below U+3001 are in the tables (the
-range of :data:`IS_SPACE`); under ``casefold`` (the default), a text with any code point
-above is folded by Python.
+that the lookup gives exactly ``fold(text)``. A text it cannot vouch for is put in NFKC by
+``unicodedata`` first and casefolded by table (each code point of NFKC's output is its own
+NFKC). Only code points below U+3001 are in the tables (the range of :data:`IS_SPACE`);
+under ``casefold`` (the default), a text with any code point above is folded by
+:func:`.text.fold`, as before.
 
 Why the check is sufficient (the Unicode Standard, sections 3.11 and 3.12, and UAX #15):
 
