@@ -126,14 +126,15 @@ def fold_tables(
     is marked unfoldable. The last entry, for every code point above, is unfoldable under
     ``casefold`` and kept as it is otherwise (NFKC is :func:`nfkc_checks`' concern).
     """
+    from .text import ShingleConfig, fold  # text imports this module
+
+    switches = ShingleConfig(nfkc=nfkc, casefold=casefold)
     tables = np.zeros((2, TABLE_SIZE), dtype=np.uint32)
     pool: list[int] = []
     for code in range(TABLE_SIZE - 1):
-        char = chr(code)
-        folded = unicodedata.normalize("NFKC", char) if nfkc else char
-        folded = folded.casefold() if casefold else folded
+        folded = fold(chr(code), switches)
         spaces = [part.isspace() for part in folded]
-        if (char.isspace() and spaces != [True]) or (not char.isspace() and any(spaces)):
+        if (spaces != [True]) if IS_SPACE[code] else any(spaces):
             tables[1, code] = kernels.UNFOLDABLE_FLAG
         elif len(folded) == 1:
             tables[1, code] = ord(folded) ^ code
@@ -142,7 +143,7 @@ def fold_tables(
             pool += [len(folded), *map(ord, folded)]
     # What kernels._fold_spaces assumes of ASCII (Unicode never changes it): white space
     # is U+0009-U+000D and U+001C-U+0020, and folds add 32 to A-Z or nothing.
-    ascii_space = [chr(code).isspace() for code in range(128)]
+    ascii_space = IS_SPACE[:128].tolist()
     assert ascii_space == [code in range(9, 14) or code in range(28, 33) for code in range(128)]
     ascii_delta = [int(tables[1, code] & kernels.FOLD_MASK) for code in range(128)]
     assert ascii_delta == [32 * (casefold and code in range(65, 91)) for code in range(128)]

@@ -540,7 +540,7 @@ class Shingler:
         codes = _code_points(text)
         nfkc = self.config.nfkc
         checks = foldtables.nfkc_checks() if nfkc else foldtables.NO_CHECKS
-        table, pool = self._folding[0][1], self._folding[1]
+        (_, table), pool = self._folding
         length = kernels.compiled().table_fold_length(codes, table, checks, pool, nfkc)
         if length < 0 and nfkc:
             normalized = unicodedata.normalize("NFKC", text)
