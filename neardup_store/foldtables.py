@@ -78,6 +78,18 @@ def composition_seconds() -> frozenset[int]:
     return frozenset(seconds)
 
 
+def cut_before(char: str) -> bool:
+    """Whether NFKC may cut any text before ``char``: its class is 0, it joins nothing
+    back, and the first code point of its decomposition is a starter that joins nothing
+    back. :mod:`.streamed` cuts long texts before such characters (those NFKC keeps), and
+    :func:`nfkc_checks` records it for every code point of the tables."""
+    seconds = composition_seconds()
+    if unicodedata.combining(char) or ord(char) in seconds:
+        return False
+    first = unicodedata.normalize("NFKD", char)[0]
+    return unicodedata.combining(first) == 0 and ord(first) not in seconds
+
+
 NO_CHECKS = np.zeros(TABLE_SIZE, dtype=np.uint32)
 """A checks table for configurations without NFKC, which the check never reads."""
 
@@ -98,13 +110,7 @@ def nfkc_checks() -> npt.NDArray[np.uint32]:
             entry |= kernels.QUICK_CHECK_NO
         elif code in seconds:
             entry |= kernels.QUICK_CHECK_MAYBE
-        first = unicodedata.normalize("NFKD", char)[0]
-        if (
-            klass == 0
-            and code not in seconds
-            and unicodedata.combining(first) == 0
-            and ord(first) not in seconds
-        ):
+        if cut_before(char):
             entry |= kernels.CUT_BEFORE
         checks[code] = entry
     checks[-1] = kernels.QUICK_CHECK_MAYBE

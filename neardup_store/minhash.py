@@ -146,7 +146,7 @@ def _chunks(documents: list[object]) -> Iterator[tuple[int, int]]:
     """``[lo, hi)`` ranges of documents holding about ``_CHUNK_CHARACTERS`` characters."""
     lo, size = 0, 0
     for i, doc in enumerate(documents):
-        measured = len(doc) if isinstance(doc, str) else streamed.length(doc)
+        measured = streamed.length(doc)
         length = 1 if measured is None else measured  # the rest are refused, by as_text
         long = length > streamed.STREAM_MIN_CHARACTERS  # signed alone, in pieces
         if long and lo < i:

@@ -31,7 +31,7 @@ Normalisation in pieces gives the same text because:
   before the first ASCII character within ``size`` characters of where it should end.
   Failing that (Chinese or Japanese prose may have none), before the first character of
   the whole set, which a scan of every code point finds once per process
-  (:func:`_cut_before`, about a second). A text with no such character after the wanted
+  (:func:`_cut_before`, about half a second). A text with no such character after the wanted
   cut (only full-width Latin letters, say, or only combining marks) stays one piece.
 * ``str.casefold`` maps each code point on its own (unlike ``lower``, it has no final-sigma
   context).
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from .foldtables import composition_seconds
+from .foldtables import cut_before
 from .text import _WHITESPACE_RUN, ShingleConfig, Shingler, as_text
 
 if TYPE_CHECKING:
@@ -110,26 +110,18 @@ def _raw_pieces(text: str, size: int, nfkc: bool) -> Iterator[str]:
 
 @functools.cache
 def _cut_before() -> re.Pattern[str]:
-    """A pattern for one character before which NFKC may cut any text: canonical
-    combining class 0, its own NFKC, and neither it nor the first code point of its
-    decomposition the second code point of a two-code-point canonical decomposition
-    (composition exclusions included: a larger set of second code points only leaves
-    fewer cuts) or a Hangul medial vowel or final jamo.
+    """A pattern for one character before which NFKC may cut any text
+    (:func:`.foldtables.cut_before`: class 0, and neither it nor the first code point of
+    its decomposition joins back to what precedes it) and which NFKC keeps as it is.
 
     Built on first use from the interpreter's Unicode database (that of NFKC itself), by
-    a scan of every code point (about a second), so only a long document without ASCII
+    a scan of every code point (about half a second), so only a long document without ASCII
     near a wanted cut pays for it, once per process.
     """
-    joins_back = composition_seconds()
     ranges: list[list[int]] = []
     for code in range(sys.maxunicode + 1):
         char = chr(code)
-        if (
-            code in joins_back
-            or unicodedata.combining(char)
-            or not unicodedata.is_normalized("NFKC", char)
-            or ord(unicodedata.normalize("NFKD", char)[0]) in joins_back
-        ):
+        if not (unicodedata.is_normalized("NFKC", char) and cut_before(char)):
             continue
         if ranges and ranges[-1][1] == code - 1:
             ranges[-1][1] = code
