@@ -37,6 +37,7 @@ from ._version import __version__
 from .demo import run_demo
 from .errors import (
     READ_ONLY_NOT_FOUND_ADVICE,
+    CorruptStoreError,
     EmptyDocumentError,
     InvalidParameterError,
     NeardupError,
@@ -44,11 +45,12 @@ from .errors import (
     StoreNotFoundError,
     real,
 )
+from .integrity import CheckReport, Violation
 from .lsh import choose_params
 from .maintenance import Pair
 from .minhash import DEFAULT_NUM_PERM, SCHEMES, MinHashConfig
 from .params import StoreParams, resolve_params
-from .store import EMPTY_DATA_FILE, UNFINISHED_CREATION, Store, holds_store
+from .store import DAMAGE_ADVICE, EMPTY_DATA_FILE, UNFINISHED_CREATION, Store, holds_store
 from .text import SHINGLE_KINDS, ShingleConfig, check_encoding, decode_text
 from .txn import Match
 
@@ -266,6 +268,7 @@ _CLI_WORDING = {
     "pass replace=True": "pass --replace",
     "pass missing_ok=True": "pass --missing-ok",
     "(Store.create_from_export)": "(`neardup-admin import EXPORT NEW_PATH`)",
+    DAMAGE_ADVICE: "`neardup-admin check STORE` names the damaged table",
 }
 
 
@@ -1523,15 +1526,19 @@ def purge(path: str, batch_size: int | Literal["auto"], as_json: bool) -> None:
 @click.option("--repair", is_flag=True, help="Re-derive the keys and band tables from the records.")
 @_json_option
 def check(path: str, repair: bool, as_json: bool) -> None:
-    """Check the store's invariants; exit 1 when violations are (still) present.
+    """Check the store's invariants; exit 1 when violations are (still) present, a store
+    too damaged to open included.
 
     \b
     Example:
         neardup-admin check ./corpus.ndx
         neardup-admin check ./corpus.ndx --repair
     """
-    with open_store(path, readonly=not repair) as store, _doc_progress("Checking") as progress:
-        report = store.check(repair, progress)  # a count: a repair checks again after it
+    try:
+        with open_store(path, readonly=not repair) as store, _doc_progress("Checking") as progress:
+            report = store.check(repair, progress)  # a count: a repair checks again after it
+    except CorruptStoreError as err:  # a finding like any other: the store is there, damaged
+        report = CheckReport(0, [Violation("structure", str(err))])
     with _summary_of("the store was repaired" if report.repaired else None):
         render.render_check(report, as_json)
     if not report.ok:

@@ -40,13 +40,15 @@ lines appended to an input after the job finished are read by the next run. It r
 the store's commit counter after each batch, too: a store whose counter is lower (made
 anew, or restored from a backup older than the job's last batches) is refused, since a
 run against it would keep again what the job kept; what others add or remove meanwhile
-only raises it.
+only raises it. A run holds a lock on a third file beside them (:func:`lock_path`), so a
+second run of the same job started meanwhile is refused before it reads the sidecar.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import fcntl
 import fnmatch
 import itertools
 import json
@@ -73,7 +75,7 @@ from .errors import (
 )
 from .params import valid_threshold
 from .similarity import estimate_jaccard
-from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size
+from .store import AUTO, MIN_TRANSACTION, batches, check_batch_size, note
 from .text import check_encoding, decode_text
 from .txn import Key, Match, UniqueResult
 
@@ -90,6 +92,7 @@ to the pages its writes copy (a scratch run of 20k documents into a 1M store: 4.
 docs/s with 1000 lines, 7.5-7.8k with 10k, 6.8-7.0k with all 20k in one)."""
 PROGRESS_SUFFIX = ".progress.json"
 FAILURES_SUFFIX = ".progress.failed.jsonl"
+LOCK_SUFFIX = ".progress.lock"
 # Positions add input_tail in 2, store_commits in 3 (unchecked in older); in 4 the failures
 # move to their own file: ``failed`` becomes their count and ``failed_bytes`` that file's size;
 # in 5 the job records the input's encoding (older jobs read UTF-8, :data:`_OLDER_JOB`).
@@ -243,6 +246,18 @@ class DedupStateError(NeardupError, ValueError):
             "fresh store) to start over"
         )
         self.path, self.reason = path, reason
+
+
+class DedupBusyError(NeardupError, RuntimeError):
+    """Another run of the same dedup job (the same keep file) is under way."""
+
+    def __init__(self, keep_path: str) -> None:
+        super().__init__(
+            f"{keep_path}: another run of this dedup job is writing its outputs; wait for "
+            "it to end (running the same command then resumes where it stopped), or give "
+            "this run other --keep and --dropped files"
+        )
+        self.path = keep_path
 
 
 # -- readers ---------------------------------------------------------------------------------
@@ -924,6 +939,9 @@ def ingest(
     Raises:
         Interrupted: on ``KeyboardInterrupt``; its ``report`` covers the committed batches.
         InvalidParameterError: bad ``batch_size``, or ``unique`` with ``replace``.
+
+    Any other error (a full disk) after a batch has committed carries a note saying how
+    much the committed batches hold.
     """
     next_size = store._batch_sizes(batch_size, allow_none=False)
     if unique and replace:
@@ -977,6 +995,15 @@ def ingest(
         ):
             count(pending)
         raise Interrupted(report()) from err
+    except Exception as err:  # a full disk, an unreadable file: say what is stored
+        if batches:
+            note(
+                err,
+                f"the batches before it are committed: {batches} of them, the first {seen}"
+                f" records ({added} added, {replaced} replaced); once the cause is fixed, "
+                "the same command adds the rest",
+            )
+        raise
     return report()
 
 
@@ -1111,6 +1138,12 @@ def progress_path(keep_path: str | os.PathLike[str]) -> Path:
     return keep.with_name(keep.name + PROGRESS_SUFFIX)
 
 
+def lock_path(keep_path: str | os.PathLike[str]) -> Path:
+    """The file beside the sidecar that a running :func:`dedup` job holds locked."""
+    keep = Path(keep_path)
+    return keep.with_name(keep.name + LOCK_SUFFIX)
+
+
 def failures_path(keep_path: str | os.PathLike[str]) -> Path:
     """The file beside the sidecar where :func:`dedup` appends the failed lines of each
     batch (one :meth:`Failure.fields` list a line), for the report of a resumed run."""
@@ -1190,12 +1223,48 @@ def dedup(
             truncated), an output is shorter than it records, or the store's commit
             counter is below what the job's last batch saw (not the store it wrote to, or
             an older state of it).
+        DedupBusyError: another run of the same job (the same keep file) is under way.
         OSError: reading the input or writing an output failed part-way: the error
             names the file and says that the batches before it are committed.
     """
     check_batch_size(batch_size, allow_auto=False)
     fields = _job_fields(id_field, text_field, threshold, encoding)
-    paths, job, state = _checked_job(input_jsonl_path, keep_path, dropped_path, store.path, fields)
+    paths, job, _ = _checked_job(input_jsonl_path, keep_path, dropped_path, store.path, fields)
+    with _job_lock(keep_path):
+        # Read again under the lock: a run that ended meanwhile moved the job on.
+        state = _load_state(real_path(progress_path(keep_path)), job)
+        return _run_job(store, paths, job, state, keep_path, batch_size, on_batch)
+
+
+@contextlib.contextmanager
+def _job_lock(keep_path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the job's lock file for a run: a second run of the same job at the same time
+    (a cron overlap) would cut back the outputs the first is appending to, and keep or
+    drop lines twice. It is refused instead (:class:`DedupBusyError`). The lock is the
+    kernel's (``flock``), so it ends with its process, however that ends; the empty file
+    stays, as a store's lock files do."""
+    fd = os.open(lock_path(keep_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DedupBusyError(str(keep_path)) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_job(
+    store: Store,
+    paths: list[Path],
+    job: dict[str, Any],
+    state: _State | None,
+    keep_path: str | os.PathLike[str],
+    batch_size: int,
+    on_batch: Callable[[BatchProgress], None] | None,
+) -> DedupReport:
+    """:func:`dedup` once its job is checked and locked: from ``state`` (``None``: a new
+    job) to the end of the input."""
     threshold = job["threshold"]
     sidecar = progress_path(keep_path)
     failures_file = failures_path(keep_path)
@@ -1441,20 +1510,33 @@ def _checked_job(
             "input", str(input_jsonl_path), f"a file that can be read (it gives: {err})"
         )
     outputs = list(zip(("keep", "dropped"), paths[1:], strict=True))
-    for name, path in outputs:
+    for (name, path), given in zip(outputs, (keep_path, dropped_path), strict=True):
         if not path.parent.is_dir():
             raise InvalidParameterError(name, str(path), "a file in an existing directory")
-        if path.exists() and not path.is_file():
+        # The path as given too: /dev/stdout on a pipe resolves to no path at all.
+        if any(p.exists() and not p.is_file() for p in (path, Path(given))):
             raise InvalidParameterError(
                 name,
-                str(path),
+                str(given),
                 "a regular file (a resumed job cuts it back to the size it records)",
+            )
+        if _is_standard_stream(path):
+            raise InvalidParameterError(
+                name,
+                str(given),
+                "a file other than this process's standard output or error (a resumed job "
+                "cuts it back, and a command prints its summary there)",
             )
     sidecar = real_path(progress_path(keep_path))
     failures = real_path(failures_path(keep_path))
     refuse_clashing_paths(
         [("input", paths[0])],
-        [*outputs, ("progress file", sidecar), ("failures file", failures)],
+        [
+            *outputs,
+            ("progress file", sidecar),
+            ("failures file", failures),
+            ("lock file", real_path(lock_path(keep_path))),
+        ],
         Path(store_path),
     )
     job = {
@@ -1465,6 +1547,19 @@ def _checked_job(
         **fields,
     }
     return paths, job, _load_state(sidecar, job)
+
+
+def _is_standard_stream(path: Path) -> bool:
+    """Whether ``path`` is the file this process's standard output or error writes to."""
+    try:
+        target = path.stat()
+    except OSError:
+        return False
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(target, os.fstat(fd)):
+                return True
+    return False
 
 
 def _read_error(path: Path) -> str | None:

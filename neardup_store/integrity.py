@@ -144,6 +144,15 @@ def _table_names(store: Store) -> set[bytes]:
     return names
 
 
+def walk_snapshot(store: Store, txn: lmdb.Transaction) -> lmdbfile.FileReport:
+    """LMDB's pages of ``txn``'s snapshot walked with every offset bounds-checked
+    (:func:`.lmdbfile.walk`), the store's tables with their flags required."""
+    expected = {
+        name: _BAND_FLAGS if name.startswith(b"band.") else 0 for name in _table_names(store)
+    }
+    return lmdbfile.walk(store.path / "data.mdb", txnid=txn.id(), tables=expected)
+
+
 def _stray_tables(store: Store, txn: lmdb.Transaction) -> list[bytes]:
     expected = _table_names(store)
     with txn.cursor() as cursor:  # the main DB: one entry per named table
@@ -189,11 +198,7 @@ class _Checker:
 
     def structure(self) -> bool:
         """Walk LMDB's pages of this snapshot; whether they are sound."""
-        expected = {
-            name: _BAND_FLAGS if name.startswith(b"band.") else 0
-            for name in _table_names(self.store)
-        }
-        report = lmdbfile.walk(self.store.path / "data.mdb", txnid=self.txn.id(), tables=expected)
+        report = walk_snapshot(self.store, self.txn)
         self.stale = report.stale
         for problem in report.problems:
             self.add("structure", problem)

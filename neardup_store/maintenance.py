@@ -61,9 +61,10 @@ from .integrity import (
     _fill_bands,
     _table_batches,
     check,
+    walk_snapshot,
 )
 from .lsh import LSHParams, choose_params
-from .store import write_failure
+from .store import DAMAGE_ADVICE, write_failure
 from .transfer import create_from_export, export, export_file, import_
 
 if TYPE_CHECKING:
@@ -643,6 +644,7 @@ def compact(
         progress: called now and then with how far the copy is, in documents.
 
     Raises:
+        CorruptStoreError: the walk of the pages found damage; nothing was written.
         ReadOnlyError: the store is open read-only.
         StoreBusyError: another process has the store open (its commits would be lost
             if it kept writing to the replaced file).
@@ -661,6 +663,8 @@ def compact(
         return CompactReport(data.stat().st_size, pages * page_size, dry_run=True)
     with _exclusive(store, "compact"):
         before = data.stat().st_size
+        with store.read() as reader:  # before the purge writes
+            _refuse_damage(store, reader.txn)
         store.purge()
         with _scratch(store.path, ".compact-") as scratch:
             copy = _synced_copy(store, scratch, progress=progress)
@@ -671,6 +675,17 @@ def compact(
 
             _reopen(store, _max_dbs(store.banding.bands), swap)
         return CompactReport(before, data.stat().st_size)
+
+
+def _refuse_damage(store: Store, txn: lmdb.Transaction) -> None:
+    """Walk the snapshot's pages, bounds-checked, before a copy reads them all: LMDB
+    trusts the pages it reads, and a damaged one can abort the process (an assertion,
+    SIGBUS) instead of raising. It costs about one more read of the file (0.80 s against
+    the compaction's 0.83 at 100k documents). A walk that other writers' commits made
+    stale proves nothing either way, and the copy goes on."""
+    report = walk_snapshot(store, txn)
+    if report.problems:
+        raise CorruptStoreError(str(store.path), f"{report.problems[0]}; {DAMAGE_ADVICE}")
 
 
 @contextmanager
@@ -729,6 +744,7 @@ def backup(
             store, or its parent cannot be made.
         StoreFullError: the disk (or file-size limit) of ``path`` is full.
         OutputWriteError: the copy could not be written at ``path`` for another reason.
+        CorruptStoreError: the walk of the snapshot's pages found damage.
     """
     target = path_of(path)
     check_progress(progress)
@@ -739,6 +755,7 @@ def backup(
         (place, _BACKUP_PREFIX) if exists else (place.parent, f".{place.name}{_BACKUP_PREFIX}")
     )
     with store.read() as reader, _typed_as_output(target, parent):
+        _refuse_damage(store, reader.txn)
         documents = len(reader)
         with _scratch(parent, prefix) as scratch, _claim(scratch):
             typed = functools.partial(_typed_as_output, target, scratch)
@@ -885,7 +902,7 @@ def _copy(
             if txn is None:
                 txn = stack.enter_context(env.begin())
             copy = lmdb.open(
-                str(target),
+                os.fsencode(target),
                 map_size=store._map_size(),
                 max_dbs=_max_dbs(store.banding.bands),
                 sync=False,  # synced once at the end
@@ -893,7 +910,10 @@ def _copy(
                 meminit=False,
             )
             documents = int(txn.stat(store._docs_db)["entries"])
-            _copy_tables(env, txn, copy, documents, progress or (lambda done: None))
+            try:
+                _copy_tables(env, txn, copy, documents, progress or (lambda done: None))
+            except lmdb.BadTxnError as err:  # the snapshot's reads failed on a damaged page
+                raise store._damaged(err) from err
             copy.sync(True)
     finally:
         if copy is not None:

@@ -208,6 +208,13 @@ _DAMAGE = (
 """LMDB errors that mean its file is damaged (LMDB keeps no checksums, so a flipped byte
 surfaces as one of these, if at all)."""
 
+_FOUND_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
+"""The errors of :data:`_DAMAGE` that only a damaged page gives in an open store (a bad
+size or a bad transaction can also be a bad call, which must stay what it is)."""
+
+DAMAGE_ADVICE = "`Store.check()` names the damaged table"
+"""What a :class:`CorruptStoreError` met in a transaction adds (the store did open)."""
+
 
 def _identity(directory: Path) -> tuple[int, int]:
     info = directory.stat()
@@ -424,7 +431,7 @@ class Store:
         _make_as_data(self.path / "lock.mdb")  # else LMDB makes it with self.mode
         try:
             env = lmdb.open(
-                str(self.path),
+                os.fsencode(self.path),  # bytes: py-lmdb encodes a str as UTF-8
                 map_size=map_size,
                 max_dbs=max_dbs,
                 max_readers=max_readers,
@@ -1119,14 +1126,20 @@ class Store:
             raise typed from err
 
     def _translate(self, err: lmdb.Error) -> Exception:
-        """The typed error for an engine error raised while writing (``err`` if none fits):
-        a full disk is :class:`StoreFullError`, another failed write :class:`StoreIOError`
+        """The typed error for an engine error raised in a transaction (``err`` if none
+        fits): a damaged page is :class:`CorruptStoreError`, a full disk
+        :class:`StoreFullError`, another failed write :class:`StoreIOError`
         (:func:`write_failure` tells which), never a raw LMDB error."""
+        if isinstance(err, _FOUND_DAMAGE):
+            return self._damaged(err)
         failure = write_failure(err, self.path, "the data file", "the store")
         if failure is None:
             return err
         full, detail = failure
         return (StoreFullError if full else StoreIOError)(str(self.path), detail)
+
+    def _damaged(self, err: lmdb.Error) -> CorruptStoreError:
+        return CorruptStoreError(str(self.path), f"{err}; {DAMAGE_ADVICE}")
 
     def _wait_for_transactions(self, operation: str, wait_s: float = RESIZE_WAIT_S) -> None:
         """Refuse while the calling thread has a transaction open, and wait up to
@@ -1703,7 +1716,18 @@ class _Reading:
             raise
         return self._reader
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, _: object) -> None:
+        self._end()
+        if isinstance(error, lmdb.Error):  # a damaged page met by the block's reads
+            # A read transaction turns bad only after such a failure, which a step of the
+            # block may have caught.
+            if isinstance(error, lmdb.BadTxnError):
+                raise self._store._damaged(error) from error
+            typed = self._store._translate(error)
+            if typed is not error:
+                raise typed from error
+
+    def _end(self) -> None:
         txn, self._txn = self._txn, None
         if txn is None or self._store._forked():
             # A child forked in the block must not end the parent's snapshot: LMDB's

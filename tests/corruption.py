@@ -5,8 +5,8 @@ Shared by ``tests/test_corruption.py`` (a short setting) and ``tools/corruption_
 bits) of its ``data.mdb`` at random offsets or inside a chosen region, runs
 ``neardup-admin check --json`` in a subprocess with a timeout and classifies the outcome:
 
-* ``detected``: exit 1 with violations listed, or exit 2 with one typed ``Error:`` line
-  (the store refused to open, naming the damage);
+* ``detected``: exit 1 with violations listed (a store too damaged to open is one), or
+  exit 2 with one typed ``Error:`` line naming the damage;
 * ``harmless``: exit 0, and in a fresh subprocess the logical dump and the answers to
   the probes (every key's lookup, ``len``, fixed queries) equal the reference's. Only a
   flip that changes no meaning can be harmless: bytes LMDB does not read (free pages,

@@ -1739,6 +1739,67 @@ def test_dedup_output_that_cannot_be_written_says_what_was_committed(
         assert len(opened) == 0  # the only batch was not committed
 
 
+@pytest.mark.parametrize("stdout_is", ["a file", "a pipe"])
+def test_dedup_refuses_its_own_stdout_as_an_output_before_creating_anything(
+    tmp_path: Path, near_dup_corpus: dict[str, str], stdout_is: str
+) -> None:
+    """``--keep /dev/stdout`` passed when stdout was a file: the summary overwrote the kept
+    lines and the progress file was written into /dev; on a pipe, the store was created
+    before the pipe's path was found not to exist (review 59)."""
+    archive = _archive(tmp_path / "a.jsonl", near_dup_corpus)
+    args = _dedup_args(archive, tmp_path)
+    args[args.index("--keep") + 1] = "/dev/stdout"
+    before = sorted(os.listdir(tmp_path))
+    if stdout_is == "a file":
+        with (tmp_path / "out.txt").open("wb") as out:
+            done = _admin(*args, stdout=out)
+        expected = "a file other than this process's standard output or error"
+        assert (tmp_path / "out.txt").read_bytes() == b""
+        before.append("out.txt")
+    else:
+        done = _admin(*args, stdout=subprocess.PIPE)
+        expected = "a regular file"
+    assert done.returncode == 2
+    assert done.stderr.startswith("Error: keep='/dev/stdout' is not valid: expected " + expected)
+    assert sorted(os.listdir(tmp_path)) == sorted(before)  # no store, no progress file
+    assert not list(Path("/dev").glob("stdout.progress*"))
+
+
+def test_add_stopped_by_a_full_disk_says_what_its_earlier_batches_stored(tmp_path: Path) -> None:
+    """A full disk part-way through an ``add`` said only that nothing of the failing
+    transaction was written, though earlier batches of the same command had committed
+    thousands of documents (review 59)."""
+    store = tmp_path / "s.ndx"
+    assert _admin("init", store, "--num-perm", "64").returncode == 0
+    rows = [{"id": f"d{i}", "text": f"document {i} " + " ".join(f"w{i}x{j}" for j in range(20))}
+            for i in range(6000)]  # fmt: skip
+    archive = tmp_path / "a.jsonl"
+    archive.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    limit = (store / "data.mdb").stat().st_size + 1024 * 1024
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    args = ("add", store, archive, "--jsonl", "--batch-size", "500", "--json")
+    done = _admin(*args, stdout=subprocess.PIPE, preexec_fn=small_files)
+    assert done.returncode == 2, done.stderr
+    with Store.open(store, read_only=True) as opened:
+        stored = len(opened)
+    assert 0 < stored < len(rows) and stored % 500 == 0
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"Error: {store}: ") and "nothing of this transaction" in lines[0]
+    assert lines[1:] == [
+        f"the batches before it are committed: {stored // 500} of them, the first {stored} "
+        f"records ({stored} added, 0 replaced); once the cause is fixed, the same command "
+        "adds the rest"
+    ]
+    finished = _admin(*args, stdout=subprocess.PIPE)
+    assert finished.returncode == 0, finished.stderr
+    with Store.open(store, read_only=True) as opened:
+        assert len(opened) == len(rows)
+
+
 @_needs_dev_full
 @_BUFFERING
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["-q", "--help"], ["query", "--help"]])

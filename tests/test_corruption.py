@@ -7,9 +7,11 @@ classification). The long setting is ``python tools/corruption_trials.py --trial
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import lmdb
@@ -147,7 +149,7 @@ def test_flipped_threshold_is_detected_by_the_meta_checksum(
 ) -> None:
     """0.8 becomes 0.2: a valid threshold, which only the checksum can tell."""
     trial = run_flips(reference, workdir, "meta", [(_threshold_offset(reference), 0x20)])
-    assert trial.outcome == "detected" and "corrupt" in trial.detail, trial
+    assert trial.outcome == "detected" and "structure" in trial.detail, trial
     with pytest.raises(CorruptStoreError) as raised:
         Store.open(workdir / "trial", read_only=True)
     assert "checksum" in str(raised.value)
@@ -184,9 +186,12 @@ def test_open_of_a_store_with_a_damaged_table_record_is_a_typed_error(
     with pytest.raises(CorruptStoreError) as raised:
         Store.open(copy, read_only=True)
     assert raised.value.path == str(copy)
+    # check reports it as a finding (exit 1), not as a mistyped path (review 59)
     result = run_check(copy)
-    assert result is not None and result.returncode == 2
-    assert result.stderr.startswith("Error:") and "corrupt" in result.stderr
+    assert result is not None and result.returncode == 1, result.stderr
+    violation, summary = map(json.loads, result.stdout.splitlines())
+    assert violation["kind"] == "structure" and "the store is corrupt" in violation["detail"]
+    assert summary["summary"]["ok"] is False and summary["summary"]["violations"] == 1
 
 
 def test_in_process_check_reports_damaged_pages_without_raising(
@@ -331,3 +336,43 @@ def test_an_error_during_the_walk_propagates_as_itself(
         lmdbfile.walk(reference.path / "data.mdb")
     monkeypatch.undo()
     assert lmdbfile.walk(reference.path / "data.mdb").problems == []
+
+
+_DAMAGED_PAGE_CASES = [
+    *(("docs", 0, command) for command in ("pairs", "clusters", "export", "compact", "backup")),
+    # band pages whose damage aborted a compaction or a backup inside LMDB (an assertion,
+    # SIGBUS) before they walked the pages first
+    *(("band", page, command) for page in (2, 4, 13) for command in ("compact", "backup")),
+]
+
+
+@pytest.mark.parametrize(("table", "page", "command"), _DAMAGED_PAGE_CASES)
+def test_commands_that_meet_a_damaged_page_give_one_typed_error_line(
+    reference: Reference, workdir: Path, table: str, page: int, command: str
+) -> None:
+    """The node pointers of a leaf page overwritten: the store opens, and the commands
+    reading that page ended in a raw LMDB traceback with exit 1, the code for findings,
+    or killed the process (review 59). ``check`` reports it; they say the store is
+    corrupt, and a compaction stops before it writes anything."""
+    path = workdir / "store"
+    shutil.copytree(reference.path, path)
+    pages = sorted(
+        {
+            span.start - span.start % 4096
+            for span in reference.spans
+            if span.part == "page-header"
+            and (span.tree == "docs" if table == "docs" else span.tree.startswith("band."))
+        }
+    )
+    flip(path, [(offset, 0x5A) for offset in range(pages[page] + 16, pages[page] + 32)])
+    damaged = (path / "data.mdb").read_bytes()
+    target = [str(workdir / "out")] if command in ("export", "backup") else []
+    done = subprocess.run(
+        [sys.executable, "-m", "neardup_store", command, str(path), *target],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"Error: {path}: the store is corrupt (")
+    assert "`neardup-admin check STORE` names the damaged table" in line
+    assert (path / "data.mdb").read_bytes() == damaged

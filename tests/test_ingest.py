@@ -7,7 +7,9 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from neardup_store.demo import make_corpus
 from neardup_store.errors import InvalidParameterError
 from neardup_store.ingest import (
     BatchProgress,
+    DedupBusyError,
     DedupStateError,
     Failure,
     Interrupted,
@@ -910,6 +913,57 @@ def test_check_dedup_paths_refuses_a_job_whose_store_is_gone_and_device_outputs(
         ingest_module.check_dedup_paths(archive, keep, dropped, store_dir, threshold=0.9)
     with pytest.raises(InvalidParameterError, match="expected a regular file"):
         ingest_module.check_dedup_paths(archive, os.devnull, dropped, tmp_path / "other")
+
+
+_PAUSED_RUN = """
+import sys, time
+from pathlib import Path
+from neardup_store import Store
+from neardup_store.ingest import dedup
+archive, out, store_dir = map(Path, sys.argv[1:4])
+
+def pause(progress):
+    if progress.batches_committed == 2:
+        (out / "paused").touch()
+        while not (out / "go").exists():
+            time.sleep(0.01)
+
+with Store.open(store_dir, threshold=0.7) as store:
+    dedup(store, archive, out / "keep.jsonl", out / "dropped.jsonl", batch_size=16,
+          on_batch=pause)
+"""
+
+
+def test_a_second_run_of_a_running_dedup_job_is_refused_and_changes_nothing(
+    tmp_path: Path, archive: Path
+) -> None:
+    """Two runs of one job at once (a cron overlap) cut back each other's outputs and
+    kept or dropped lines twice, and both exited 0 (review 59)."""
+    expected, reference = _reference_run(tmp_path, archive, batch_size=16)
+    out, store_dir = tmp_path / "out", tmp_path / "shared"
+    out.mkdir()
+    Store.open(store_dir, create=True, threshold=0.7).close()
+    first = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_RUN, str(archive), str(out), str(store_dir)]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "paused").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the run never paused"
+            time.sleep(0.01)
+        files = ["keep.jsonl", "dropped.jsonl", "keep.jsonl.progress.json"]
+        before = {name: (out / name).read_bytes() for name in files}
+        with Store.open(store_dir) as store:
+            with pytest.raises(DedupBusyError, match="another run of this dedup job"):
+                _dedup(store, archive, out, batch_size=16)
+            assert {name: (out / name).read_bytes() for name in files} == before
+            (out / "go").touch()
+            assert first.wait(timeout=60) == 0
+            report = _dedup(store, archive, out, batch_size=16)  # finished: nothing to do
+    finally:
+        (out / "go").touch()
+        first.wait(timeout=60)
+    _assert_as_uninterrupted(report, out, expected, reference)
 
 
 def test_a_resumed_dedup_tells_on_batch_where_it_resumed(

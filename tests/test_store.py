@@ -3742,3 +3742,19 @@ def test_every_batch_call_on_an_ended_transaction_refuses_an_empty_batch(store: 
     for call in calls:
         with pytest.raises(StoreClosedError, match="the transaction is closed"):
             call()
+
+
+def test_a_store_whose_path_is_not_utf8_opens_compacts_and_is_backed_up(tmp_path: Path) -> None:
+    """A directory name in another encoding (a byte that is not UTF-8, which Python holds
+    as a surrogate) reaches LMDB as the bytes it is on disk (review 59: every command
+    failed with a UnicodeEncodeError, and a creation left its lock files behind)."""
+    path = tmp_path / os.fsdecode(b"caf\xe9.ndx")
+    with Store.open(path, create=True, num_perm=64) as store:
+        store.add_many([("a", "the quick brown fox jumps over the lazy dog"), ("b", "lorem ipsum")])
+        store.remove("b")
+        report = store.compact()
+        assert report.bytes_after <= report.bytes_before
+        store.backup(tmp_path / os.fsdecode(b"copy\xff"))
+    with Store.open(tmp_path / os.fsdecode(b"copy\xff"), read_only=True) as copy:
+        assert [m.key for m in copy.query("the quick brown fox jumps over the lazy dog")] == ["a"]
+    assert sorted(os.listdir(os.fsencode(tmp_path))) == [b"caf\xe9.ndx", b"copy\xff"]
