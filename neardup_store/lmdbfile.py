@@ -61,6 +61,9 @@ _U64 = struct.Struct("<Q")
 
 FREE_LIST = "(free list)"
 MAIN = "(main)"
+STRAY_ENTRY = "main table entry "
+"""How the walk names an entry of the main table that is no table record (a problem that
+leaves every table readable)."""
 FREE = "(free)"
 
 
@@ -421,7 +424,10 @@ class _Walker:
             value = self.inline(tree, key, size, data_at, not flags & F_DUPDATA)
         if tree == MAIN:
             if flags != F_SUBDATA or size != _DB.size:
-                raise self.fail(f"main table entry {key!r} is not a table record")
+                # Its bytes lie within the page (read above), and no other table depends
+                # on it: the walk goes on to the tables after it.
+                self.problem(f"{STRAY_ENTRY}{key!r} is not a table record")
+                return 1
             self.named_tables[key] = TableRecord.parse(value)
             return 1
         if tree == FREE_LIST:
