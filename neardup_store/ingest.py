@@ -1550,16 +1550,10 @@ def _checked_job(
 
 
 def _is_standard_stream(path: Path) -> bool:
-    """Whether ``path`` is the file this process's standard output or error writes to."""
-    try:
-        target = path.stat()
-    except OSError:
-        return False
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            if os.path.samestat(target, os.fstat(fd)):
-                return True
-    return False
+    """Whether ``path`` is the file this process's standard output or error writes to
+    (:func:`_file_id`, which a path names and a descriptor writes to alike)."""
+    identity = _file_id(path)
+    return identity is not None and identity in {_file_id(Path(f"/dev/fd/{fd}")) for fd in (1, 2)}
 
 
 def _read_error(path: Path) -> str | None:

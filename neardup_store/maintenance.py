@@ -916,7 +916,7 @@ def _copy(
             try:
                 _copy_tables(env, txn, copy, documents, progress or (lambda done: None))
             except lmdb.BadTxnError as err:  # the snapshot's reads failed on a damaged page
-                raise store._damaged(err) from err
+                raise store._translate_read(err) from err
             copy.sync(True)
     finally:
         if copy is not None:

@@ -1138,6 +1138,12 @@ class Store:
         full, detail = failure
         return (StoreFullError if full else StoreIOError)(str(self.path), detail)
 
+    def _translate_read(self, err: lmdb.Error) -> Exception:
+        """:meth:`_translate` for an engine error of a read snapshot, which LMDB marks bad
+        (``BadTxnError``) only after a failure on a damaged page, one that a step of the
+        reader may have caught."""
+        return self._damaged(err) if isinstance(err, lmdb.BadTxnError) else self._translate(err)
+
     def _damaged(self, err: lmdb.Error) -> CorruptStoreError:
         return CorruptStoreError(str(self.path), f"{err}; {DAMAGE_ADVICE}")
 
@@ -1719,11 +1725,7 @@ class _Reading:
     def __exit__(self, kind: object, error: BaseException | None, _: object) -> None:
         self._end()
         if isinstance(error, lmdb.Error):  # a damaged page met by the block's reads
-            # A read transaction turns bad only after such a failure, which a step of the
-            # block may have caught.
-            if isinstance(error, lmdb.BadTxnError):
-                raise self._store._damaged(error) from error
-            typed = self._store._translate(error)
+            typed = self._store._translate_read(error)
             if typed is not error:
                 raise typed from error
 
